@@ -1,0 +1,113 @@
+#include "arrays.h"
+
+#include <dlpack/dlpack.h>
+
+#include <string>
+#include <unordered_map>
+
+#include "opforge/error.h"
+
+namespace opforge::python {
+
+Framework framework_of(nb::handle obj) {
+  static std::unordered_map<PyTypeObject*, Framework> cache;
+  PyTypeObject* type = Py_TYPE(obj.ptr());
+  auto it = cache.find(type);
+  if (it != cache.end()) return it->second;
+  Framework f = Framework::other;
+  nb::object module = nb::getattr(nb::handle(reinterpret_cast<PyObject*>(type)), "__module__", nb::none());
+  if (nb::isinstance<nb::str>(module)) {
+    std::string m = nb::cast<std::string>(module);
+    std::string root = m.substr(0, m.find('.'));
+    if (root == "numpy") f = Framework::numpy;
+    else if (root == "torch") f = Framework::torch;
+    else if (root == "jax" || root == "jaxlib") f = Framework::jax;
+    else if (root == "cupy") f = Framework::cupy;
+  }
+  cache.emplace(type, f);
+  return f;
+}
+
+bool import_array(nb::handle obj, nb::ndarray<nb::ro>& out) {
+  // convert=false: never copy, never cast a Python list into an array behind the user's back.
+  return nb::try_cast(obj, out, false);
+}
+
+TensorView view_of(const nb::ndarray<nb::ro>& a) {
+  TensorView view;
+  DLTensor t{};
+  t.data = const_cast<void*>(a.data());
+  t.device.device_type = static_cast<DLDeviceType>(a.device_type());
+  t.device.device_id = a.device_id();
+  t.ndim = static_cast<int32_t>(a.ndim());
+  t.dtype = {a.dtype().code, a.dtype().bits, a.dtype().lanes};
+  t.shape = const_cast<int64_t*>(a.shape_ptr());
+  t.strides = const_cast<int64_t*>(a.stride_ptr());
+  return from_dlpack(t);
+}
+
+namespace {
+struct Owner {
+  Backend* backend;
+  void* ptr;
+  Device device;
+};
+}  // namespace
+
+Allocation allocate(Backend& backend, DType dtype, const std::vector<int64_t>& shape, Device device,
+                    void* stream) {
+  TensorView view;
+  view.dtype = dtype;
+  view.device = device;
+  view.shape = shape;
+  view.strides = contiguous_strides(shape);
+  view.data = backend.allocate(view.nbytes(), device, stream);
+  auto* owner = new Owner{&backend, view.data, device};
+  nb::capsule capsule(owner, [](void* p) noexcept {
+    auto* o = static_cast<Owner*>(p);
+    o->backend->release(o->ptr, o->device);
+    delete o;
+  });
+  return {std::move(view), std::move(capsule)};
+}
+
+namespace {
+template <typename F>
+nb::object wrap_as(const Allocation& r) {
+  const TensorView& v = r.view;
+  std::vector<size_t> shape(v.shape.begin(), v.shape.end());
+  const nb::dlpack::dtype dt{dlpack_type_code(v.dtype), static_cast<uint8_t>(dtype_size(v.dtype) * 8), 1};
+  const int device_type = v.device.type == DeviceType::cpu ? 1 : 2;  // kDLCPU, kDLCUDA
+  nb::ndarray<F> array(v.data, shape.size(), shape.data(), r.owner, v.strides.data(), dt, device_type,
+                       v.device.index);
+  return array.cast(nb::rv_policy::reference);
+}
+}  // namespace
+
+nb::object wrap(const Allocation& r, Framework framework) {
+  switch (framework) {
+    case Framework::numpy: return wrap_as<nb::numpy>(r);
+    case Framework::torch: return wrap_as<nb::pytorch>(r);
+    case Framework::jax: return wrap_as<nb::jax>(r);
+    case Framework::cupy: return wrap_as<nb::cupy>(r);
+    case Framework::other: break;
+  }
+  // Unknown array kinds get NumPy on the CPU and a DLPack-capable nanobind array elsewhere.
+  if (r.view.device.type == DeviceType::cpu) return wrap_as<nb::numpy>(r);
+  return wrap_as<nb::no_framework>(r);
+}
+
+void* current_stream(Framework framework, Device device) {
+  if (device.type != DeviceType::cuda) return nullptr;
+  if (framework == Framework::torch) {
+    nb::object stream = nb::module_::import_("torch").attr("cuda").attr("current_stream")(device.index);
+    return reinterpret_cast<void*>(nb::cast<uintptr_t>(stream.attr("cuda_stream")));
+  }
+  if (framework == Framework::cupy) {
+    nb::object stream = nb::module_::import_("cupy").attr("cuda").attr("get_current_stream")();
+    return reinterpret_cast<void*>(nb::cast<uintptr_t>(stream.attr("ptr")));
+  }
+  return nullptr;
+}
+
+}  // namespace opforge::python

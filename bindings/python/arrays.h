@@ -1,0 +1,39 @@
+// The generic Python adapter's array handling: any DLPack or buffer-protocol object in,
+// a view out; results handed back as the caller's own array kind (NumPy in, NumPy out).
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include "opforge/backend.h"
+#include "opforge/tensor.h"
+
+namespace opforge::python {
+
+namespace nb = nanobind;
+
+enum class Framework { numpy, torch, jax, cupy, other };
+
+// Which library `obj` belongs to, from its type's module (cached per type).
+Framework framework_of(nb::handle obj);
+
+// Imports `obj` without copying. Returns false when it is not an array.
+bool import_array(nb::handle obj, nb::ndarray<nb::ro>& out);
+TensorView view_of(const nb::ndarray<nb::ro>& array);
+
+// Allocates a contiguous result on `backend`, owned by the returned capsule.
+struct Allocation {
+  TensorView view;
+  nb::capsule owner;
+};
+Allocation allocate(Backend& backend, DType dtype, const std::vector<int64_t>& shape, Device device,
+                    void* stream);
+
+// Wraps an allocation as an array of `framework` (no copy).
+nb::object wrap(const Allocation& result, Framework framework);
+
+// The framework's current stream for CUDA arrays (torch, CuPy); nullptr otherwise.
+void* current_stream(Framework framework, Device device);
+
+}  // namespace opforge::python

@@ -1,0 +1,119 @@
+#include "call.h"
+
+#include <string>
+#include <vector>
+
+#include "arrays.h"
+#include "opforge/dispatch.h"
+
+namespace opforge::python {
+
+namespace {
+
+std::string python_type_name(nb::handle obj) {
+  return nb::cast<std::string>(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))).attr("__name__"));
+}
+
+[[noreturn]] void arg_error(const OpDef& op, const ArgSpec& arg, const char* expected, nb::handle got) {
+  fail(ErrorKind::type, op.name(), "(): '", arg.name, "' must be ", expected, ", got ", python_type_name(got));
+}
+
+AttrValue attr_from_python(const OpDef& op, const ArgSpec& arg, nb::handle value) {
+  const bool is_bool = PyBool_Check(value.ptr());
+  switch (arg.kind) {
+    case ArgKind::float_:
+      if (is_bool || !(PyFloat_Check(value.ptr()) || PyLong_Check(value.ptr()) || PyNumber_Check(value.ptr())))
+        arg_error(op, arg, "a float", value);
+      return PyFloat_AsDouble(value.ptr());
+    case ArgKind::int_:
+      if (is_bool || !PyLong_Check(value.ptr())) arg_error(op, arg, "an int", value);
+      return static_cast<int64_t>(PyLong_AsLongLong(value.ptr()));
+    case ArgKind::bool_:
+      if (!is_bool) arg_error(op, arg, "a bool", value);
+      return value.ptr() == Py_True;
+    case ArgKind::str:
+      if (!PyUnicode_Check(value.ptr())) arg_error(op, arg, "a str", value);
+      return nb::cast<std::string>(value);
+    default:
+      break;
+  }
+  fail(ErrorKind::runtime, "attr_from_python: not an attribute");
+}
+
+// Orders positional and keyword arguments by the schema, like a Python signature would.
+std::vector<nb::handle> bind(const OpDef& op, const nb::args& args, const nb::kwargs& kwargs) {
+  const auto& specs = op.schema().args;
+  if (args.size() > specs.size())
+    fail(ErrorKind::type, op.name(), "() takes ", specs.size(), " arguments but ", args.size(), " were given");
+  std::vector<nb::handle> bound(specs.size());
+  for (size_t i = 0; i < args.size(); ++i) bound[i] = args[i];
+  for (auto [key, value] : kwargs) {
+    std::string name = nb::cast<std::string>(key);
+    int64_t i = op.schema().arg_index(name);
+    if (i < 0) fail(ErrorKind::type, op.name(), "() got an unexpected keyword argument '", name, "'");
+    if (bound[i].ptr()) fail(ErrorKind::type, op.name(), "() got multiple values for argument '", name, "'");
+    bound[i] = value;
+  }
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (!bound[i].ptr() && !specs[i].has_default())
+      fail(ErrorKind::type, op.name(), "() missing required argument '", specs[i].name, "'");
+  return bound;
+}
+
+}  // namespace
+
+nb::object call_op(const OpDef& op, nb::args args, nb::kwargs kwargs) {
+  const std::vector<nb::handle> bound = bind(op, args, kwargs);
+  const auto& specs = op.schema().args;
+  OpInputs inputs;
+  std::vector<nb::ndarray<nb::ro>> arrays;  // keep imported arrays alive for the call
+  arrays.reserve(specs.size());
+  Framework framework = Framework::other;
+  bool have_framework = false;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const ArgSpec& spec = specs[i];
+    nb::handle value = bound[i];
+    if (!spec.is_tensor()) {
+      inputs.attrs.push_back(value.ptr() ? attr_from_python(op, spec, value) : *spec.default_value);
+      continue;
+    }
+    if (!value.ptr() || value.is_none()) {
+      if (spec.kind == ArgKind::tensor) arg_error(op, spec, "an array", value.ptr() ? value : nb::none());
+      inputs.tensors.emplace_back(std::nullopt);
+      continue;
+    }
+    arrays.emplace_back();
+    if (!import_array(value, arrays.back())) {
+      if (nb::hasattr(value, "requires_grad") && nb::cast<bool>(value.attr("requires_grad")))
+        fail(ErrorKind::type, op.name(), "(): '", spec.name,
+             "' is a torch tensor that requires grad; call .detach() first, or use torch.ops.opforge for autograd");
+      arg_error(op, spec, "an array (NumPy, torch, JAX, CuPy, or any DLPack or buffer-protocol object)", value);
+    }
+    inputs.tensors.emplace_back(view_of(arrays.back()));
+    if (!have_framework) {
+      framework = framework_of(value);
+      have_framework = true;
+    }
+  }
+
+  const Outputs specs_out = infer_outputs(op, inputs);
+  const Selection selection = select_kernel(op, inputs);
+  const Device device = device_of(inputs);
+  void* stream = current_stream(framework, device);
+  std::vector<Allocation> results;
+  std::vector<TensorView> views;
+  for (const auto& out : specs_out) {
+    results.push_back(allocate(*selection.backend, out.dtype, out.shape, device, stream));
+    views.push_back(results.back().view);
+  }
+  {
+    nb::gil_scoped_release no_gil;  // kernels may run long and use the thread pool
+    run_kernel(op, selection, inputs, views, stream);
+  }
+  if (results.size() == 1) return wrap(results[0], framework);
+  nb::list out;
+  for (const auto& r : results) out.append(wrap(r, framework));
+  return nb::tuple(out);
+}
+
+}  // namespace opforge::python

@@ -1,0 +1,131 @@
+// opforge._core: the generic Python adapter. Every op is reachable as an Op object whose
+// call goes through the one validator and dispatcher; nothing here knows any op by name.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "call.h"
+#include "opforge/dispatch.h"
+#include "opforge/parallel.h"
+#include "opforge/registry.h"
+#include "opforge/simd.h"
+
+namespace nb = nanobind;
+using namespace opforge;
+
+namespace {
+
+struct PyOp {
+  const OpDef* op;
+};
+
+nb::object default_of(const ArgSpec& arg) {
+  if (!arg.default_value) return nb::none();
+  return std::visit([](const auto& v) -> nb::object { return nb::cast(v); }, *arg.default_value);
+}
+
+nb::list op_args(const OpDef& op) {
+  nb::list out;
+  for (const auto& a : op.schema().args) {
+    nb::dict d;
+    d["name"] = a.name;
+    d["kind"] = std::string(arg_kind_name(a.kind));
+    d["has_default"] = a.has_default();
+    d["default"] = default_of(a);
+    if (a.is_tensor()) {
+      std::vector<std::string> names;
+      for (DType t : op.constraint(op.tensor_slot(a.name)).dtypes) names.emplace_back(dtype_name(t));
+      d["dtypes"] = names;
+      d["same_dtype_as"] = op.constraint(op.tensor_slot(a.name)).same_dtype_as;
+    }
+    out.append(d);
+  }
+  return out;
+}
+
+nb::list op_kernels(const OpDef& op) {
+  nb::list out;
+  for (const auto& k : kernels_of(op.name())) {
+    nb::dict d;
+    d["backend"] = k.backend;
+    std::vector<std::string> names;
+    for (DType t : k.dtypes) names.emplace_back(dtype_name(t));
+    d["dtypes"] = names;
+    out.append(d);
+  }
+  return out;
+}
+
+nb::list backend_list() {
+  nb::list out;
+  for (Backend* b : all_backends()) {
+    nb::dict d;
+    d["name"] = b->name();
+    d["device"] = device_type_name(b->device_type());
+    d["available"] = b->available();
+    d["reason"] = b->available() ? std::string() : b->unavailable_reason();
+    d["score"] = b->score();
+    d["device_count"] = b->device_count();
+    out.append(d);
+  }
+  return out;
+}
+
+void translate(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const Error& e) {
+    PyObject* type = PyExc_RuntimeError;
+    switch (e.kind()) {
+      case ErrorKind::type: type = PyExc_TypeError; break;
+      case ErrorKind::value: type = PyExc_ValueError; break;
+      case ErrorKind::not_implemented: type = PyExc_NotImplementedError; break;
+      case ErrorKind::runtime: type = PyExc_RuntimeError; break;
+    }
+    PyErr_SetString(type, e.what());
+  }
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "opforge's C++ core: registry, validator, dispatcher, thread pool, SIMD targets.";
+  nb::register_exception_translator(translate);
+  m.attr("__version__") = OPFORGE_VERSION;
+#ifdef OPFORGE_WITH_CUDA
+  m.attr("built_with_cuda") = true;
+#else
+  m.attr("built_with_cuda") = false;
+#endif
+
+  nb::class_<PyOp>(m, "Op")
+      .def("__call__", [](const PyOp& self, nb::args args, nb::kwargs kwargs) {
+        return python::call_op(*self.op, std::move(args), std::move(kwargs));
+      })
+      .def_prop_ro("name", [](const PyOp& self) { return self.op->name(); })
+      .def_prop_ro("schema", [](const PyOp& self) { return self.op->schema().text; })
+      .def_prop_ro("doc", [](const PyOp& self) { return self.op->doc(); })
+      .def_prop_ro("num_results", [](const PyOp& self) { return self.op->schema().num_results; })
+      .def_prop_ro("args", [](const PyOp& self) { return op_args(*self.op); })
+      .def_prop_ro("kernels", [](const PyOp& self) { return op_kernels(*self.op); })
+      .def("__repr__", [](const PyOp& self) { return "<opforge op " + self.op->schema().text + ">"; });
+
+  m.def("op", [](const std::string& name) { return PyOp{&find_op(name)}; }, nb::arg("name"),
+        "The registered op `name`.");
+  m.def("op_names", [] {
+    std::vector<std::string> names;
+    for (const OpDef* op : all_ops()) names.push_back(op->name());
+    return names;
+  });
+  m.def("backends", &backend_list, "Backends with availability, reason and score.");
+  m.def("num_threads", &num_threads);
+  m.def("set_num_threads", &set_num_threads, nb::arg("n"));
+  m.def("simd_targets_compiled", &simd_targets_compiled);
+  m.def("simd_targets", &simd_targets_supported, "Compiled SIMD targets this CPU runs, best first.");
+  m.def("simd_target", &simd_target_chosen, "The SIMD target kernels dispatch to now.");
+  m.def("set_simd_target", &set_simd_target, nb::arg("name"),
+        "Pin one SIMD target (tests); '' restores the automatic choice.");
+  m.def("set_backend", &set_backend_override, nb::arg("op"), nb::arg("backend"));
+  m.def("backend_override", &backend_override, nb::arg("op"));
+  m.def("reload_config", &reload_config);
+}

@@ -1,0 +1,102 @@
+// Per-target SIMD helpers shared by CPU kernels: load any float dtype as float lanes (double
+// lanes for float64), store back with round-to-nearest-even, and row loops for unary and
+// binary elementwise ops. Re-included once per Highway target, like the kernels using it.
+#if defined(OPFORGE_CPU_SIMD_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef OPFORGE_CPU_SIMD_INL_H_
+#undef OPFORGE_CPU_SIMD_INL_H_
+#else
+#define OPFORGE_CPU_SIMD_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <type_traits>
+
+#include "opforge/half.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace opforge::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// The type arithmetic happens in: float for the half types, the type itself otherwise.
+template <typename T>
+using Compute = std::conditional_t<std::is_same_v<T, hwy::float16_t> || std::is_same_v<T, hwy::bfloat16_t>, float, T>;
+
+template <typename T>
+HWY_INLINE Compute<T> ToCompute(T v) {
+  if constexpr (std::is_same_v<T, hwy::float16_t>) return to_float(float16{v.bits});
+  else if constexpr (std::is_same_v<T, hwy::bfloat16_t>) return to_float(bfloat16{v.bits});
+  else return v;
+}
+
+template <typename T>
+HWY_INLINE T FromCompute(Compute<T> v) {
+  if constexpr (std::is_same_v<T, hwy::float16_t>) { T r; r.bits = to_float16(v).bits; return r; }
+  else if constexpr (std::is_same_v<T, hwy::bfloat16_t>) { T r; r.bits = to_bfloat16(v).bits; return r; }
+  else return v;
+}
+
+// D is a tag over Compute<T>.
+template <typename T, class D>
+HWY_INLINE hn::Vec<D> LoadAs(D d, const T* HWY_RESTRICT p) {
+  if constexpr (std::is_same_v<T, Compute<T>>) return hn::LoadU(d, p);
+  else return hn::PromoteTo(d, hn::LoadU(hn::Rebind<T, D>(), p));
+}
+
+template <typename T, class D>
+HWY_INLINE void StoreAs(D d, hn::Vec<D> v, T* HWY_RESTRICT p) {
+  if constexpr (std::is_same_v<T, Compute<T>>) {
+    hn::StoreU(v, d, p);
+  } else if constexpr (std::is_same_v<T, hwy::float16_t>) {
+    hn::StoreU(hn::DemoteTo(hn::Rebind<T, D>(), v), hn::Rebind<T, D>(), p);
+  } else {
+    // Highway 1.0.3's bf16 DemoteTo truncates; round to nearest even like torch and JAX.
+    const hn::RebindToUnsigned<D> du;
+    const hn::RebindToSigned<D> di;
+    const auto bits = hn::BitCast(du, v);
+    const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+    const auto rounded = hn::Add(bits, hn::Add(lsb, hn::Set(du, 0x7fffu)));
+    const auto quiet_nan = hn::Or(bits, hn::Set(du, 0x00400000u));
+    const auto chosen = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet_nan, rounded);
+    const hn::Rebind<uint16_t, D> du16;
+    const auto halves = hn::DemoteTo(du16, hn::BitCast(di, hn::ShiftRight<16>(chosen)));
+    hn::StoreU(hn::BitCast(hn::Rebind<T, D>(), halves), hn::Rebind<T, D>(), p);
+  }
+}
+
+// out[i] = op(a[i * sa]) for i < n; out is contiguous. op has SIMD and scalar overloads:
+// op(d, v) and op(c) on Compute<T>.
+template <typename T, class Op>
+HWY_INLINE void UnaryRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, int64_t sa, int64_t n, const Op& op) {
+  const hn::ScalableTag<Compute<T>> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  if (sa == 1)
+    for (; i + lanes <= n; i += lanes) StoreAs(d, op(d, LoadAs(d, a + i)), out + i);
+  for (; i < n; ++i) out[i] = FromCompute<T>(op(ToCompute(a[i * sa])));
+}
+
+// out[i] = op(a[i * sa], b[i * sb]); strides of 1 (and 0: a broadcast scalar) take SIMD.
+template <typename T, class Op>
+HWY_INLINE void BinaryRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, int64_t sa,
+                          const T* HWY_RESTRICT b, int64_t sb, int64_t n, const Op& op) {
+  const hn::ScalableTag<Compute<T>> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  if (sa == 1 && sb == 1) {
+    for (; i + lanes <= n; i += lanes)
+      StoreAs(d, op(d, LoadAs(d, a + i), LoadAs(d, b + i)), out + i);
+  } else if (sa == 1 && sb == 0) {
+    const auto vb = hn::Set(d, ToCompute(b[0]));
+    for (; i + lanes <= n; i += lanes) StoreAs(d, op(d, LoadAs(d, a + i), vb), out + i);
+  } else if (sa == 0 && sb == 1) {
+    const auto va = hn::Set(d, ToCompute(a[0]));
+    for (; i + lanes <= n; i += lanes) StoreAs(d, op(d, va, LoadAs(d, b + i)), out + i);
+  }
+  for (; i < n; ++i) out[i] = FromCompute<T>(op(ToCompute(a[i * sa]), ToCompute(b[i * sb])));
+}
+
+}  // namespace opforge::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // OPFORGE_CPU_SIMD_INL_H_

@@ -1,0 +1,88 @@
+// Walking strided and broadcast operands row by row. Ops that work elementwise hand this
+// their operands' strides; it coalesces dimensions so the common cases (contiguous,
+// scalar-broadcast) become one long row that SIMD code takes whole.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "opforge/parallel.h"
+#include "opforge/tensor.h"
+
+namespace opforge::cpu {
+
+// Strides of `t` broadcast against `shape` (aligned right): 0 where t has size 1 or lacks
+// the dimension.
+inline std::vector<int64_t> broadcast_strides(const TensorView& t, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> out(shape.size(), 0);
+  const size_t lead = shape.size() - t.shape.size();
+  for (size_t i = 0; i < t.shape.size(); ++i)
+    out[lead + i] = t.shape[i] == 1 ? 0 : t.strides[i];
+  return out;
+}
+
+// Element offset of linear index `linear` (row-major over `shape`) given `strides`.
+inline int64_t offset_of(int64_t linear, const int64_t* shape, const int64_t* strides, int64_t rank) {
+  int64_t offset = 0;
+  for (int64_t d = rank - 1; d >= 0 && linear; --d) {
+    offset += (linear % shape[d]) * strides[d];
+    linear /= shape[d];
+  }
+  return offset;
+}
+
+// A row: `len` elements; operand k starts at offsets[k] and steps by inner[k].
+// Operand 0 is the contiguous output.
+template <size_t N>
+struct Row {
+  std::array<int64_t, N> offsets;
+  std::array<int64_t, N> inner;
+  int64_t len;
+};
+
+// Calls fn(Row) over the whole iteration space of `shape`, in parallel chunks of at least
+// `grain` elements. strides[k] are operand k's strides (already broadcast).
+template <size_t N, typename F>
+void for_each_row(std::vector<int64_t> shape, std::array<std::vector<int64_t>, N> strides,
+                  int64_t grain, F&& fn) {
+  // Drop size-1 dimensions, then merge neighbours every operand steps through evenly.
+  std::vector<int64_t> dims;
+  std::array<std::vector<int64_t>, N> st;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = !dims.empty();
+    for (size_t k = 0; k < N && merge; ++k) merge = st[k].back() == strides[k][d] * shape[d];
+    if (merge) {
+      dims.back() *= shape[d];
+      for (size_t k = 0; k < N; ++k) st[k].back() = strides[k][d];
+    } else {
+      dims.push_back(shape[d]);
+      for (size_t k = 0; k < N; ++k) st[k].push_back(strides[k][d]);
+    }
+  }
+  if (dims.empty()) {
+    dims.push_back(1);
+    for (size_t k = 0; k < N; ++k) st[k].push_back(0);
+  }
+  const int64_t rank = static_cast<int64_t>(dims.size());
+  const int64_t inner = dims.back();
+  int64_t total = 1;
+  for (int64_t s : dims) total *= s;
+  parallel_for(total, grain, [&](int64_t begin, int64_t end) {
+    int64_t pos = begin;
+    while (pos < end) {
+      const int64_t row = pos / inner, col = pos % inner;
+      Row<N> r;
+      r.len = std::min(inner - col, end - pos);
+      for (size_t k = 0; k < N; ++k) {
+        r.inner[k] = st[k].back();
+        r.offsets[k] = offset_of(row, dims.data(), st[k].data(), rank - 1) + col * r.inner[k];
+      }
+      fn(r);
+      pos += r.len;
+    }
+  });
+}
+
+}  // namespace opforge::cpu

@@ -1,0 +1,42 @@
+// Running an op: validate, infer result shapes, pick a kernel, call it. Every adapter
+// (Python/DLPack, torch, JAX) goes through these three functions.
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "opforge/backend.h"
+#include "opforge/kernel.h"
+#include "opforge/op.h"
+
+namespace opforge {
+
+// Checks the arguments against the declaration (kinds, dtypes, ranks, devices) and runs
+// the shape rule. Throws typed Errors naming the op and argument.
+Outputs infer_outputs(const OpDef& op, const OpInputs& inputs);
+
+struct Selection {
+  Backend* backend;
+  KernelFn fn;
+};
+
+// The kernel for these inputs: the forced backend if the config names one for this op
+// (an error if it cannot serve them), otherwise the best-scoring available backend
+// with a kernel for the inputs' device and dispatch dtype.
+Selection select_kernel(const OpDef& op, const OpInputs& inputs);
+
+// The device all tensor inputs share (cpu for an op without tensors).
+Device device_of(const OpInputs& inputs);
+
+// Calls the kernel unless every output is empty.
+void run_kernel(const OpDef& op, const Selection& selection, const OpInputs& inputs,
+                std::span<const TensorView> outputs, void* stream);
+
+// Backend overrides. `op` empty means every op. Set by OPFORGE_BACKEND, the file named by
+// OPFORGE_CONFIG (JSON), or at run time; an empty backend name removes the override.
+void set_backend_override(const std::string& op, const std::string& backend);
+std::string backend_override(const std::string& op);
+// Re-reads OPFORGE_BACKEND and OPFORGE_CONFIG, replacing all overrides.
+void reload_config();
+
+}  // namespace opforge

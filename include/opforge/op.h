@@ -1,0 +1,138 @@
+// Declaring an op: its schema, per-argument constraints and its shape rule. One declaration
+// drives validation, output allocation and every framework adapter.
+//
+//   OPFORGE_OP(rms_norm) {
+//     return opforge::OpDef("rms_norm(Tensor x, Tensor weight, float eps=1e-6) -> Tensor")
+//         .dtypes("x", opforge::float_dtypes())
+//         .same_dtype("weight", "x")
+//         .rank("x", 1).rank("weight", 1, 1)
+//         .shape([](const opforge::ShapeContext& c) {
+//           c.expect_shape("weight", {c.tensor("x").size(-1)});
+//           return opforge::Outputs{c.like("x")};
+//         });
+//   }
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "opforge/error.h"
+#include "opforge/schema.h"
+#include "opforge/tensor.h"
+
+namespace opforge {
+
+// The floating dtypes most ops accept. A function, not a global: kernels register from
+// static initializers in other translation units.
+inline std::vector<DType> float_dtypes() {
+  return {DType::float32, DType::float64, DType::float16, DType::bfloat16};
+}
+
+// One call's arguments, in schema order: tensors (None for an absent optional tensor) and
+// attributes (floats, ints, bools, strings).
+struct OpInputs {
+  std::vector<std::optional<TensorView>> tensors;
+  std::vector<AttrValue> attrs;
+};
+
+// What the shape rule says about one result; results are allocated contiguous.
+struct OutputSpec {
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+using Outputs = std::vector<OutputSpec>;
+
+class OpDef;
+
+// Named access to one call's arguments, shared by shape rules and kernels.
+class ArgAccess {
+ public:
+  ArgAccess(const OpDef& op, const OpInputs& inputs) : op_(op), inputs_(inputs) {}
+
+  const OpDef& op() const { return op_; }
+  const OpInputs& inputs() const { return inputs_; }
+  // The tensor argument `name`; Error(runtime) if it is an absent optional.
+  const TensorView& tensor(std::string_view name) const;
+  const TensorView* optional_tensor(std::string_view name) const;
+  double attr_float(std::string_view name) const;
+  int64_t attr_int(std::string_view name) const;
+  bool attr_bool(std::string_view name) const;
+  const std::string& attr_str(std::string_view name) const;
+
+  // Throws Error(kind) with the message prefixed by "<op>(): ".
+  template <typename... Args>
+  [[noreturn]] void fail(ErrorKind kind, const Args&... args) const;
+
+ private:
+  const AttrValue& attr(std::string_view name) const;
+  const OpDef& op_;
+  const OpInputs& inputs_;
+};
+
+// What a shape rule sees. Its checks throw messages in the house format:
+//   rms_norm(): 'weight' must have shape [4096], got [4095]
+class ShapeContext : public ArgAccess {
+ public:
+  using ArgAccess::ArgAccess;
+  void expect_shape(std::string_view arg, const std::vector<int64_t>& expected) const;
+  // NumPy broadcasting of two tensor arguments' shapes; ValueError when incompatible.
+  std::vector<int64_t> broadcast(std::string_view a, std::string_view b) const;
+  // A result with the dtype and shape of tensor argument `arg`.
+  OutputSpec like(std::string_view arg) const;
+};
+
+using ShapeRule = std::function<Outputs(const ShapeContext&)>;
+
+// Per tensor argument: what the validator checks before the shape rule runs.
+struct TensorConstraint {
+  std::vector<DType> dtypes;  // empty: any
+  std::string same_dtype_as;  // empty: no relation
+  int64_t min_rank = 0;
+  int64_t max_rank = -1;  // -1: unbounded
+};
+
+class OpDef {
+ public:
+  explicit OpDef(std::string_view schema);
+
+  OpDef& dtypes(std::string_view arg, std::vector<DType> allowed);
+  OpDef& same_dtype(std::string_view arg, std::string_view as);
+  OpDef& rank(std::string_view arg, int64_t min_rank, int64_t max_rank = -1);
+  OpDef& shape(ShapeRule rule);
+  OpDef& doc(std::string text);
+  // The tensor argument whose dtype selects the kernel (default: the first tensor).
+  OpDef& dispatch_on(std::string_view arg);
+
+  const std::string& name() const { return schema_.name; }
+  const Schema& schema() const { return schema_; }
+  const std::string& doc() const { return doc_; }
+  const ShapeRule& shape_rule() const { return shape_rule_; }
+  const TensorConstraint& constraint(int64_t tensor_slot) const { return constraints_[tensor_slot]; }
+  int64_t dispatch_slot() const { return dispatch_slot_; }
+
+  // Slot of schema argument `arg` among the tensors or among the attributes; -1 if absent.
+  int64_t tensor_slot(std::string_view arg) const;
+  int64_t attr_slot(std::string_view arg) const;
+  const std::string& tensor_name(int64_t slot) const;
+
+ private:
+  TensorConstraint& constraint_for(std::string_view arg);
+
+  Schema schema_;
+  std::string doc_;
+  ShapeRule shape_rule_;
+  std::vector<TensorConstraint> constraints_;  // one per tensor slot
+  std::vector<int64_t> slot_of_arg_;           // schema arg -> tensor or attr slot
+  int64_t dispatch_slot_ = 0;
+};
+
+template <typename... Args>
+[[noreturn]] void ArgAccess::fail(ErrorKind kind, const Args&... args) const {
+  opforge::fail(kind, op_.name(), "(): ", args...);
+}
+
+}  // namespace opforge

@@ -1,0 +1,46 @@
+// Ops and kernels register themselves from their own files at load time, so adding an op
+// edits no central file. Use the macros; the functions are what they expand to.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "opforge/kernel.h"
+#include "opforge/op.h"
+
+namespace opforge {
+
+struct KernelEntry {
+  std::string backend;
+  std::vector<DType> dtypes;  // of the op's dispatch argument
+  KernelFn fn;
+};
+
+bool register_op(OpDef op);
+bool register_kernel(std::string_view op, std::string_view backend, std::vector<DType> dtypes,
+                     KernelFn fn);
+
+// Error(value) naming the known ops when `name` is not one of them.
+const OpDef& find_op(std::string_view name);
+const OpDef* lookup_op(std::string_view name);
+std::vector<const OpDef*> all_ops();  // sorted by name
+// Stable references: the tables only grow while libraries load.
+const std::vector<KernelEntry>& kernels_of(std::string_view op);
+
+}  // namespace opforge
+
+#define OPFORGE_CONCAT_INNER(a, b) a##b
+#define OPFORGE_CONCAT(a, b) OPFORGE_CONCAT_INNER(a, b)
+
+// Declares op `name`; the body returns its OpDef.
+#define OPFORGE_OP(name)                                                                  \
+  static ::opforge::OpDef opforge_declare_##name();                                      \
+  [[maybe_unused]] static const bool opforge_op_registered_##name =                       \
+      ::opforge::register_op(opforge_declare_##name());                                   \
+  static ::opforge::OpDef opforge_declare_##name()
+
+// Registers `fn` as op `op`'s kernel on `backend` ("cpu", "cuda") for the listed dtypes.
+#define OPFORGE_KERNEL(op, backend, dtypes, fn)                                           \
+  [[maybe_unused]] static const bool OPFORGE_CONCAT(opforge_kernel_registered_, __LINE__) = \
+      ::opforge::register_kernel(#op, backend, dtypes, fn)

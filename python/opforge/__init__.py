@@ -1,0 +1,87 @@
+"""opforge: operators written once in C++, run from NumPy, PyTorch, JAX and any DLPack array.
+
+Every registered op is a function here: ``opforge.rms_norm(x, weight, eps=1e-6)`` takes arrays
+of any DLPack-capable library (without a copy) and returns the same kind of array.
+"""
+
+from __future__ import annotations
+
+import inspect as _inspect
+
+from . import _core
+from ._core import (
+    backends,
+    num_threads,
+    reload_config,
+    set_num_threads,
+    set_simd_target,
+    simd_target,
+    simd_targets,
+    simd_targets_compiled,
+)
+
+__version__ = _core.__version__
+
+_KIND_ANNOTATION = {"Tensor": "Array", "Tensor?": "Array | None", "float": float, "int": int,
+                    "bool": bool, "str": str}
+
+
+def _signature(op: _core.Op) -> _inspect.Signature:
+    params = []
+    for a in op.args:
+        default = a["default"] if a["has_default"] else _inspect.Parameter.empty
+        params.append(_inspect.Parameter(a["name"], _inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                         default=default, annotation=_KIND_ANNOTATION[a["kind"]]))
+    returns = "Array" if op.num_results == 1 else "tuple[Array, ...]"
+    return _inspect.Signature(params, return_annotation=returns)
+
+
+def _make_function(op: _core.Op):
+    # The Op object does the binding and validation in C++; this wrapper only carries the
+    # name, signature and docstring that help() and IDEs show.
+    def function(*args, **kwargs):
+        return op(*args, **kwargs)
+
+    function.__name__ = function.__qualname__ = op.name
+    function.__module__ = __name__
+    function.__signature__ = _signature(op)
+    function.__doc__ = f"{op.schema}\n\n{op.doc}\n\nKernels: " + ", ".join(
+        f"{k['backend']} {k['dtypes']}" for k in op.kernels)
+    function.op = op
+    return function
+
+
+def ops() -> list[dict]:
+    """Every registered op: name, schema, doc, per-argument dtypes and kernels per backend."""
+    out = []
+    for name in _core.op_names():
+        op = _core.op(name)
+        out.append({"name": name, "schema": op.schema, "doc": op.doc, "args": op.args,
+                    "kernels": op.kernels})
+    return out
+
+
+def set_backend(backend: str | None, op: str | None = None) -> None:
+    """Force `backend` ("cpu", "cuda") for `op`, or for every op when op is None.
+    backend=None removes the override. Asking for an unknown backend or op raises ValueError;
+    a forced backend that cannot run the inputs raises at call time (never a silent fallback)."""
+    _core.set_backend(op or "", backend or "")
+
+
+def info() -> dict:
+    """Version, SIMD targets (compiled, supported, chosen), backends and thread count."""
+    return {
+        "version": __version__,
+        "simd_compiled": simd_targets_compiled(),
+        "simd_supported": simd_targets(),
+        "simd_chosen": simd_target(),
+        "backends": backends(),
+        "built_with_cuda": _core.built_with_cuda,
+        "num_threads": num_threads(),
+        "ops": _core.op_names(),
+    }
+
+
+for _name in _core.op_names():
+    globals()[_name] = _make_function(_core.op(_name))
+del _name

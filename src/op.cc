@@ -1,0 +1,123 @@
+// OpDef's builder and the named argument access shared by shape rules and kernels.
+#include "opforge/op.h"
+
+#include <algorithm>
+
+namespace opforge {
+
+OpDef::OpDef(std::string_view schema) : schema_(Schema::parse(schema)) {
+  int64_t tensors = 0, attrs = 0;
+  for (const auto& arg : schema_.args) slot_of_arg_.push_back(arg.is_tensor() ? tensors++ : attrs++);
+  constraints_.resize(tensors);
+  if (tensors == 0) dispatch_slot_ = -1;
+}
+
+int64_t OpDef::tensor_slot(std::string_view arg) const {
+  int64_t i = schema_.arg_index(arg);
+  return i >= 0 && schema_.args[i].is_tensor() ? slot_of_arg_[i] : -1;
+}
+
+int64_t OpDef::attr_slot(std::string_view arg) const {
+  int64_t i = schema_.arg_index(arg);
+  return i >= 0 && !schema_.args[i].is_tensor() ? slot_of_arg_[i] : -1;
+}
+
+const std::string& OpDef::tensor_name(int64_t slot) const {
+  for (size_t i = 0; i < schema_.args.size(); ++i)
+    if (schema_.args[i].is_tensor() && slot_of_arg_[i] == slot) return schema_.args[i].name;
+  fail(ErrorKind::runtime, name(), "(): no tensor slot ", slot);
+}
+
+TensorConstraint& OpDef::constraint_for(std::string_view arg) {
+  int64_t slot = tensor_slot(arg);
+  // A declaration naming an argument its schema lacks is a bug in the op's own file.
+  if (slot < 0) fail(ErrorKind::runtime, name(), "(): declaration names unknown tensor argument '", arg, "'");
+  return constraints_[slot];
+}
+
+OpDef& OpDef::dtypes(std::string_view arg, std::vector<DType> allowed) {
+  constraint_for(arg).dtypes = std::move(allowed);
+  return *this;
+}
+
+OpDef& OpDef::same_dtype(std::string_view arg, std::string_view as) {
+  constraint_for(as);  // validates the name
+  constraint_for(arg).same_dtype_as = std::string(as);
+  return *this;
+}
+
+OpDef& OpDef::rank(std::string_view arg, int64_t min_rank, int64_t max_rank) {
+  auto& c = constraint_for(arg);
+  c.min_rank = min_rank;
+  c.max_rank = max_rank;
+  return *this;
+}
+
+OpDef& OpDef::shape(ShapeRule rule) {
+  shape_rule_ = std::move(rule);
+  return *this;
+}
+
+OpDef& OpDef::doc(std::string text) {
+  doc_ = std::move(text);
+  return *this;
+}
+
+OpDef& OpDef::dispatch_on(std::string_view arg) {
+  constraint_for(arg);
+  dispatch_slot_ = tensor_slot(arg);
+  return *this;
+}
+
+const TensorView* ArgAccess::optional_tensor(std::string_view name) const {
+  int64_t slot = op_.tensor_slot(name);
+  if (slot < 0) fail(ErrorKind::runtime, "no tensor argument '", name, "'");
+  const auto& t = inputs_.tensors[slot];
+  return t ? &*t : nullptr;
+}
+
+const TensorView& ArgAccess::tensor(std::string_view name) const {
+  const TensorView* t = optional_tensor(name);
+  if (!t) fail(ErrorKind::runtime, "tensor argument '", name, "' is None");
+  return *t;
+}
+
+const AttrValue& ArgAccess::attr(std::string_view name) const {
+  int64_t slot = op_.attr_slot(name);
+  if (slot < 0) fail(ErrorKind::runtime, "no attribute '", name, "'");
+  return inputs_.attrs[slot];
+}
+
+double ArgAccess::attr_float(std::string_view name) const { return std::get<double>(attr(name)); }
+int64_t ArgAccess::attr_int(std::string_view name) const { return std::get<int64_t>(attr(name)); }
+bool ArgAccess::attr_bool(std::string_view name) const { return std::get<bool>(attr(name)); }
+const std::string& ArgAccess::attr_str(std::string_view name) const {
+  return std::get<std::string>(attr(name));
+}
+
+void ShapeContext::expect_shape(std::string_view arg, const std::vector<int64_t>& expected) const {
+  const auto& got = tensor(arg).shape;
+  if (got != expected) fail(ErrorKind::value, "'", arg, "' must have shape ", expected, ", got ", got);
+}
+
+std::vector<int64_t> ShapeContext::broadcast(std::string_view a, std::string_view b) const {
+  const auto& sa = tensor(a).shape;
+  const auto& sb = tensor(b).shape;
+  std::vector<int64_t> out(std::max(sa.size(), sb.size()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    int64_t da = i < sa.size() ? sa[sa.size() - 1 - i] : 1;
+    int64_t db = i < sb.size() ? sb[sb.size() - 1 - i] : 1;
+    if (da != db && da != 1 && db != 1)
+      fail(ErrorKind::value, "'", a, "' of shape ", sa, " and '", b, "' of shape ", sb,
+           " cannot be broadcast together");
+    out[out.size() - 1 - i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+OutputSpec ShapeContext::like(std::string_view arg) const {
+  const auto& t = tensor(arg);
+  return {t.dtype, t.shape};
+}
+
+}  // namespace opforge

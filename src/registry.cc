@@ -1,0 +1,81 @@
+// The op, kernel and backend tables, filled by static registrars at load time.
+#include "opforge/registry.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+
+#include "opforge/backend.h"
+
+namespace opforge {
+
+namespace {
+// Function-local statics: registrars in other translation units may run first.
+std::map<std::string, OpDef, std::less<>>& op_table() {
+  static std::map<std::string, OpDef, std::less<>> table;
+  return table;
+}
+std::map<std::string, std::vector<KernelEntry>, std::less<>>& kernel_table() {
+  static std::map<std::string, std::vector<KernelEntry>, std::less<>> table;
+  return table;
+}
+std::vector<std::unique_ptr<Backend>>& backend_table() {
+  static std::vector<std::unique_ptr<Backend>> table;
+  return table;
+}
+}  // namespace
+
+bool register_op(OpDef op) {
+  std::string name = op.name();
+  auto [it, inserted] = op_table().emplace(name, std::move(op));
+  OPFORGE_CHECK(inserted, "op '", name, "' registered twice");
+  return true;
+}
+
+bool register_kernel(std::string_view op, std::string_view backend, std::vector<DType> dtypes,
+                     KernelFn fn) {
+  kernel_table()[std::string(op)].push_back({std::string(backend), std::move(dtypes), fn});
+  return true;
+}
+
+const OpDef* lookup_op(std::string_view name) {
+  auto it = op_table().find(name);
+  return it == op_table().end() ? nullptr : &it->second;
+}
+
+const OpDef& find_op(std::string_view name) {
+  if (const OpDef* op = lookup_op(name)) return *op;
+  std::string known;
+  for (const auto& [n, _] : op_table()) known += (known.empty() ? "" : ", ") + n;
+  fail(ErrorKind::value, "unknown op '", name, "' (known ops: ", known, ")");
+}
+
+std::vector<const OpDef*> all_ops() {
+  std::vector<const OpDef*> ops;
+  for (const auto& [_, op] : op_table()) ops.push_back(&op);
+  return ops;
+}
+
+const std::vector<KernelEntry>& kernels_of(std::string_view op) {
+  static const std::vector<KernelEntry> none;
+  auto it = kernel_table().find(op);
+  return it == kernel_table().end() ? none : it->second;
+}
+
+void register_backend(std::unique_ptr<Backend> backend) {
+  backend_table().push_back(std::move(backend));
+}
+
+std::vector<Backend*> all_backends() {
+  std::vector<Backend*> out;
+  for (auto& b : backend_table()) out.push_back(b.get());
+  return out;
+}
+
+Backend* lookup_backend(const std::string& name) {
+  for (auto& b : backend_table())
+    if (b->name() == name) return b.get();
+  return nullptr;
+}
+
+}  // namespace opforge

@@ -1,0 +1,79 @@
+// Target bookkeeping over Highway's dynamic dispatch. HWY_TARGETS here equals the set every
+// kernel file is compiled for: CMake passes the same definitions to all of them.
+#include "opforge/simd.h"
+
+#include <hwy/highway.h>
+#include <hwy/targets.h>
+
+#include <cstdlib>
+
+#include "opforge/error.h"
+
+namespace opforge {
+
+namespace {
+std::vector<int64_t> bits_of(int64_t mask) {
+  std::vector<int64_t> out;
+  for (int64_t m = mask; m != 0; m &= m - 1) out.push_back(m & ~(m - 1));
+  return out;  // lowest bit first = best target first in Highway's numbering
+}
+
+struct EnvironmentPin {
+  EnvironmentPin() {
+    // A bad OPFORGE_SIMD must not abort the load; it is reported by opforge info instead.
+    if (const char* env = std::getenv("OPFORGE_SIMD"); env && *env) {
+      try {
+        set_simd_target(env);
+      } catch (const Error&) {
+      }
+    }
+  }
+};
+}  // namespace
+
+std::vector<std::string> simd_targets_compiled() {
+  std::vector<std::string> out;
+  for (int64_t t : bits_of(HWY_TARGETS)) out.emplace_back(hwy::TargetName(t));
+  return out;
+}
+
+namespace {
+int64_t pinned = 0;  // 0: automatic choice
+
+// Targets this CPU runs that were compiled, ignoring (but keeping) the pin.
+int64_t supported_mask() {
+  hwy::SetSupportedTargetsForTest(0);
+  const int64_t mask = hwy::SupportedTargets() & HWY_TARGETS;
+  hwy::SetSupportedTargetsForTest(pinned);
+  return mask;
+}
+}  // namespace
+
+std::vector<std::string> simd_targets_supported() {
+  std::vector<std::string> out;
+  for (int64_t t : bits_of(supported_mask())) out.emplace_back(hwy::TargetName(t));
+  return out;
+}
+
+std::string simd_target_chosen() {
+  const int64_t mask = pinned ? pinned : supported_mask();
+  return hwy::TargetName(mask & ~(mask - 1));
+}
+
+void set_simd_target(const std::string& name) {
+  for (int64_t t : bits_of(supported_mask())) {
+    if (name.empty() || name == hwy::TargetName(t)) {
+      pinned = name.empty() ? 0 : t;
+      hwy::SetSupportedTargetsForTest(pinned);
+      return;
+    }
+  }
+  std::string supported;
+  for (const auto& s : simd_targets_supported()) supported += (supported.empty() ? "" : ", ") + s;
+  fail(ErrorKind::value, "set_simd_target(): 'name' must be one of the targets this CPU supports [",
+       supported, "], got '", name, "'");
+}
+
+static EnvironmentPin environment_pin;
+
+}  // namespace opforge

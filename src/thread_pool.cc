@@ -1,0 +1,163 @@
+// opforge's thread pool: n-1 workers plus the calling thread share the chunks of one
+// parallel_for at a time. No OpenMP, so it coexists with torch's and JAX's own pools.
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "opforge/error.h"
+#include "opforge/parallel.h"
+
+namespace opforge {
+
+namespace {
+
+int64_t default_threads() {
+  if (const char* env = std::getenv("OPFORGE_NUM_THREADS")) {
+    char* end = nullptr;
+    long n = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && n >= 1) return n;
+  }
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+thread_local bool in_pool_task = false;
+
+class Pool {
+ public:
+  ~Pool() { stop(); }
+
+  int64_t size() {
+    std::lock_guard lock(submit_);
+    return threads_;
+  }
+
+  void resize(int64_t n) {
+    std::lock_guard lock(submit_);
+    stop();
+    threads_ = n;
+  }
+
+  void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+    std::unique_lock submit(submit_, std::try_to_lock);
+    const int64_t chunks = std::min((n + grain - 1) / grain, submit.owns_lock() ? threads_ * 4 : 1);
+    if (chunks <= 1 || in_pool_task) {
+      body(0, n);
+      return;
+    }
+    if (workers_.empty()) start();
+    {
+      // A worker that woke late for the previous job may still be in work(): let it leave
+      // before the job's fields change under it.
+      std::unique_lock lock(mutex_);
+      done_.wait(lock, [&] { return active_ == 0; });
+      body_ = &body;
+      n_ = n;
+      chunk_ = (n + chunks - 1) / chunks;
+      chunks_ = (n + chunk_ - 1) / chunk_;
+      next_ = 0;
+      pending_ = chunks_;
+      error_ = nullptr;
+      ++generation_;
+    }
+    wake_.notify_all();
+    work();
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [&] { return pending_ == 0 && active_ == 0; });
+    body_ = nullptr;
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void start() {
+    stopping_ = false;
+    for (int64_t i = 1; i < threads_; ++i) workers_.emplace_back([this] { loop(); });
+  }
+
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (auto& w : workers_) w.join();
+    workers_.clear();
+  }
+
+  void loop() {
+    in_pool_task = true;
+    uint64_t seen = 0;
+    while (true) {
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+        if (stopping_) return;
+        seen = generation_;
+        ++active_;
+      }
+      work();
+      std::lock_guard lock(mutex_);
+      if (--active_ == 0 && pending_ == 0) done_.notify_all();
+    }
+  }
+
+  // Claims chunks until none are left; the last to finish wakes the caller.
+  void work() {
+    const bool was_in_task = in_pool_task;
+    in_pool_task = true;
+    while (true) {
+      int64_t c = next_.fetch_add(1);
+      if (c >= chunks_) break;
+      try {
+        (*body_)(c * chunk_, std::min(n_, (c + 1) * chunk_));
+      } catch (...) {
+        std::lock_guard lock(mutex_);
+        if (!error_) error_ = std::current_exception();
+      }
+      std::lock_guard lock(mutex_);
+      if (--pending_ == 0) done_.notify_all();
+    }
+    in_pool_task = was_in_task;
+  }
+
+  std::mutex submit_;  // one parallel_for at a time; others run inline
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  std::vector<std::thread> workers_;
+  int64_t threads_ = default_threads();
+  bool stopping_ = false;
+  uint64_t generation_ = 0;
+  const std::function<void(int64_t, int64_t)>* body_ = nullptr;
+  int64_t n_ = 0, chunk_ = 1, chunks_ = 0, pending_ = 0, active_ = 0;
+  std::atomic<int64_t> next_{0};
+  std::exception_ptr error_;
+};
+
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+
+}  // namespace
+
+int64_t num_threads() { return pool().size(); }
+
+void set_num_threads(int64_t n) {
+  if (n < 1) fail(ErrorKind::value, "set_num_threads(): 'n' must be >= 1, got ", n);
+  pool().resize(n);
+}
+
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+  if (n <= 0) return;
+  pool().run(n, std::max<int64_t>(grain, 1), body);
+}
+
+}  // namespace opforge

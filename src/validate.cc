@@ -1,0 +1,86 @@
+// The one validator: turns an op's declaration into argument checks, then runs its shape rule.
+#include <algorithm>
+
+#include "opforge/dispatch.h"
+
+namespace opforge {
+
+namespace {
+
+void check_tensor(const OpDef& op, const OpInputs& in, int64_t slot, const TensorView& t,
+                  const ShapeContext& ctx) {
+  const std::string& name = op.tensor_name(slot);
+  const TensorConstraint& c = op.constraint(slot);
+  if (!c.dtypes.empty() && std::find(c.dtypes.begin(), c.dtypes.end(), t.dtype) == c.dtypes.end())
+    ctx.fail(ErrorKind::type, "'", name, "' must have dtype ",
+             c.dtypes.size() == 1 ? std::string(dtype_name(c.dtypes[0])) : "in " + dtype_list(c.dtypes),
+             ", got ", dtype_name(t.dtype));
+  if (!c.same_dtype_as.empty()) {
+    const auto& other = in.tensors[op.tensor_slot(c.same_dtype_as)];
+    if (other && other->dtype != t.dtype)
+      ctx.fail(ErrorKind::type, "'", name, "' must have dtype ", dtype_name(other->dtype), " like '",
+               c.same_dtype_as, "', got ", dtype_name(t.dtype));
+  }
+  if (c.min_rank == c.max_rank && t.rank() != c.min_rank)
+    ctx.fail(ErrorKind::value, "'", name, "' must have rank ", c.min_rank, ", got rank ", t.rank(),
+             " (shape ", t.shape, ")");
+  if (t.rank() < c.min_rank)
+    ctx.fail(ErrorKind::value, "'", name, "' must have rank >= ", c.min_rank, ", got rank ", t.rank(),
+             " (shape ", t.shape, ")");
+  if (c.max_rank >= 0 && t.rank() > c.max_rank)
+    ctx.fail(ErrorKind::value, "'", name, "' must have rank <= ", c.max_rank, ", got rank ", t.rank(),
+             " (shape ", t.shape, ")");
+  for (int64_t s : t.shape)
+    if (s < 0) ctx.fail(ErrorKind::value, "'", name, "' has a negative size in shape ", t.shape);
+}
+
+}  // namespace
+
+Device device_of(const OpInputs& inputs) {
+  for (const auto& t : inputs.tensors)
+    if (t) return t->device;
+  return {};
+}
+
+Outputs infer_outputs(const OpDef& op, const OpInputs& inputs) {
+  const Schema& schema = op.schema();
+  ShapeContext ctx(op, inputs);
+  OPFORGE_CHECK(static_cast<int64_t>(inputs.tensors.size()) == schema.num_tensor_args(),
+                "tensor count mismatch for ", op.name());
+  OPFORGE_CHECK(inputs.attrs.size() == schema.args.size() - inputs.tensors.size(),
+                "attribute count mismatch for ", op.name());
+  const std::string* first_name = nullptr;
+  const TensorView* first = nullptr;
+  for (int64_t slot = 0; slot < static_cast<int64_t>(inputs.tensors.size()); ++slot) {
+    const auto& t = inputs.tensors[slot];
+    if (!t) {
+      if (schema.args[schema.arg_index(op.tensor_name(slot))].kind == ArgKind::tensor)
+        ctx.fail(ErrorKind::type, "'", op.tensor_name(slot), "' must be a tensor, got None");
+      continue;
+    }
+    check_tensor(op, inputs, slot, *t, ctx);
+    if (!first) {
+      first = &*t;
+      first_name = &op.tensor_name(slot);
+    } else if (!(t->device == first->device)) {
+      ctx.fail(ErrorKind::runtime, "'", op.tensor_name(slot), "' is on ", device_name(t->device),
+               " but '", *first_name, "' is on ", device_name(first->device),
+               "; all tensors must be on one device");
+    }
+  }
+  OPFORGE_CHECK(static_cast<bool>(op.shape_rule()), op.name(), " declares no shape rule");
+  Outputs outputs = op.shape_rule()(ctx);
+  OPFORGE_CHECK(static_cast<int64_t>(outputs.size()) == schema.num_results, op.name(),
+                "'s shape rule returned ", outputs.size(), " results, schema says ", schema.num_results);
+  return outputs;
+}
+
+void run_kernel(const OpDef& op, const Selection& selection, const OpInputs& inputs,
+                std::span<const TensorView> outputs, void* stream) {
+  bool all_empty = !outputs.empty();
+  for (const auto& out : outputs) all_empty = all_empty && out.numel() == 0;
+  if (all_empty) return;
+  selection.fn(KernelCall(op, inputs, outputs, stream));
+}
+
+}  // namespace opforge
