@@ -25,12 +25,26 @@ std::vector<std::unique_ptr<Backend>>& backend_table() {
 }
 }  // namespace
 
-bool register_op(OpDef op) {
-  std::string name = op.name();
-  auto [it, inserted] = op_table().emplace(name, std::move(op));
-  OPFORGE_CHECK(inserted, "op '", name, "' registered twice");
-  return true;
+static std::vector<std::string>& error_table() {
+  static std::vector<std::string> errors;
+  return errors;
 }
+
+bool register_op(const char* name, OpDef (*declare)()) {
+  try {
+    OpDef op = declare();
+    if (op.name() != name)
+      fail(ErrorKind::value, "OPFORGE_OP(", name, ") declares a schema named '", op.name(), "'");
+    auto [it, inserted] = op_table().emplace(op.name(), std::move(op));
+    if (!inserted) fail(ErrorKind::value, "op '", name, "' is declared twice (two folders under ops/ with one name?)");
+    return true;
+  } catch (const std::exception& e) {
+    error_table().push_back(str("op '", name, "': ", e.what()));
+    return false;
+  }
+}
+
+std::vector<std::string> registration_errors() { return error_table(); }
 
 bool register_kernel(std::string_view op, std::string_view backend, std::vector<DType> dtypes,
                      KernelFn fn) {

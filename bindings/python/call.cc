@@ -62,13 +62,12 @@ std::vector<nb::handle> bind(const OpDef& op, const nb::args& args, const nb::kw
 
 }  // namespace
 
-nb::object call_op(const OpDef& op, nb::args args, nb::kwargs kwargs) {
+PreparedCall prepare_call(const OpDef& op, const nb::args& args, const nb::kwargs& kwargs) {
   const std::vector<nb::handle> bound = bind(op, args, kwargs);
   const auto& specs = op.schema().args;
-  OpInputs inputs;
-  std::vector<nb::ndarray<nb::ro>> arrays;  // keep imported arrays alive for the call
-  arrays.reserve(specs.size());
-  Framework framework = Framework::other;
+  PreparedCall call;
+  OpInputs& inputs = call.inputs;
+  call.arrays.reserve(specs.size());
   bool have_framework = false;
   for (size_t i = 0; i < specs.size(); ++i) {
     const ArgSpec& spec = specs[i];
@@ -82,22 +81,33 @@ nb::object call_op(const OpDef& op, nb::args args, nb::kwargs kwargs) {
       inputs.tensors.emplace_back(std::nullopt);
       continue;
     }
-    arrays.emplace_back();
-    if (!import_array(value, arrays.back())) {
-      if (nb::hasattr(value, "requires_grad") && nb::cast<bool>(value.attr("requires_grad")))
-        fail(ErrorKind::type, op.name(), "(): '", spec.name,
-             "' is a torch tensor that requires grad; call .detach() first, or use torch.ops.opforge for autograd");
+    // Checked before the import: nanobind falls back to torch.utils.dlpack.to_dlpack, which
+    // exports such a tensor anyway, and the result would silently carry no gradient.
+    if (framework_of(value) == Framework::torch && nb::cast<bool>(value.attr("requires_grad")) &&
+        nb::cast<bool>(nb::module_::import_("torch").attr("is_grad_enabled")()))
+      fail(ErrorKind::type, op.name(), "(): '", spec.name,
+           "' is a torch tensor that requires grad; call .detach() first, or use torch.ops.opforge for autograd");
+    call.arrays.emplace_back();
+    if (!import_array(value, call.arrays.back())) {
       arg_error(op, spec, "an array (NumPy, torch, JAX, CuPy, or any DLPack or buffer-protocol object)", value);
     }
-    inputs.tensors.emplace_back(view_of(arrays.back()));
+    inputs.tensors.emplace_back(view_of(call.arrays.back()));
     if (!have_framework) {
-      framework = framework_of(value);
+      call.framework = framework_of(value);
       have_framework = true;
     }
   }
+  call.outputs = infer_outputs(op, inputs);
+  call.selection = select_kernel(op, inputs);
+  return call;
+}
 
-  const Outputs specs_out = infer_outputs(op, inputs);
-  const Selection selection = select_kernel(op, inputs);
+nb::object call_op(const OpDef& op, nb::args args, nb::kwargs kwargs) {
+  const PreparedCall call = prepare_call(op, args, kwargs);
+  const OpInputs& inputs = call.inputs;
+  const Selection& selection = call.selection;
+  const Outputs& specs_out = call.outputs;
+  const Framework framework = call.framework;
   const Device device = device_of(inputs);
   void* stream = current_stream(framework, device);
   std::vector<Allocation> results;

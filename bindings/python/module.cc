@@ -102,6 +102,11 @@ NB_MODULE(_core, m) {
       .def("__call__", [](const PyOp& self, nb::args args, nb::kwargs kwargs) {
         return python::call_op(*self.op, std::move(args), std::move(kwargs));
       })
+      .def("backend_for",
+           [](const PyOp& self, nb::args args, nb::kwargs kwargs) {
+             return python::prepare_call(*self.op, args, kwargs).selection.backend->name();
+           },
+           "The backend a call with these arguments would run on (validates, runs nothing).")
       .def_prop_ro("name", [](const PyOp& self) { return self.op->name(); })
       .def_prop_ro("schema", [](const PyOp& self) { return self.op->schema().text; })
       .def_prop_ro("doc", [](const PyOp& self) { return self.op->doc(); })
@@ -110,6 +115,8 @@ NB_MODULE(_core, m) {
       .def_prop_ro("kernels", [](const PyOp& self) { return op_kernels(*self.op); })
       .def("__repr__", [](const PyOp& self) { return "<opforge op " + self.op->schema().text + ">"; });
 
+  m.def("registration_errors", &registration_errors,
+        "Ops whose declaration failed at load time (bad schema, duplicate name).");
   m.def("op", [](const std::string& name) { return PyOp{&find_op(name)}; }, nb::arg("name"),
         "The registered op `name`.");
   m.def("op_names", [] {

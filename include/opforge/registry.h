@@ -17,7 +17,11 @@ struct KernelEntry {
   KernelFn fn;
 };
 
-bool register_op(OpDef op);
+// Runs `declare` and stores the op. Never throws: it runs from static initializers, where an
+// exception would abort the process. Failures (a bad schema, a name declared twice) are kept
+// for registration_errors(), which the bindings raise at import.
+bool register_op(const char* name, OpDef (*declare)());
+std::vector<std::string> registration_errors();
 bool register_kernel(std::string_view op, std::string_view backend, std::vector<DType> dtypes,
                      KernelFn fn);
 
@@ -37,7 +41,7 @@ const std::vector<KernelEntry>& kernels_of(std::string_view op);
 #define OPFORGE_OP(name)                                                                  \
   static ::opforge::OpDef opforge_declare_##name();                                      \
   [[maybe_unused]] static const bool opforge_op_registered_##name =                       \
-      ::opforge::register_op(opforge_declare_##name());                                   \
+      ::opforge::register_op(#name, &opforge_declare_##name);                             \
   static ::opforge::OpDef opforge_declare_##name()
 
 // Registers `fn` as op `op`'s kernel on `backend` ("cpu", "cuda") for the listed dtypes.

@@ -22,6 +22,9 @@ from ._core import (
 
 __version__ = _core.__version__
 
+if _core.registration_errors():
+    raise ImportError("opforge: some ops failed to register:\n  " + "\n  ".join(_core.registration_errors()))
+
 _KIND_ANNOTATION = {"Tensor": "Array", "Tensor?": "Array | None", "float": float, "int": int,
                     "bool": bool, "str": str}
 

@@ -36,17 +36,38 @@ HWY_INLINE T FromCompute(Compute<T> v) {
   else return v;
 }
 
+// Highway 1.0.3 emulates f16 <-> f32 on targets without hardware conversion (SSE4, SCALAR,
+// EMU128): it truncates instead of rounding and turns inf and NaN into finite numbers. Those
+// targets convert lane by lane through half.h instead.
+#if (HWY_ARCH_X86 && HWY_TARGET < HWY_SSE4 && !defined(HWY_DISABLE_F16C)) || \
+    (HWY_ARCH_ARM_A64 && HWY_TARGET == HWY_NEON)
+inline constexpr bool kExactF16 = true;
+#else
+inline constexpr bool kExactF16 = false;
+#endif
+
 // D is a tag over Compute<T>.
 template <typename T, class D>
 HWY_INLINE hn::Vec<D> LoadAs(D d, const T* HWY_RESTRICT p) {
-  if constexpr (std::is_same_v<T, Compute<T>>) return hn::LoadU(d, p);
-  else return hn::PromoteTo(d, hn::LoadU(hn::Rebind<T, D>(), p));
+  if constexpr (std::is_same_v<T, Compute<T>>) {
+    return hn::LoadU(d, p);
+  } else if constexpr (std::is_same_v<T, hwy::float16_t> && !kExactF16) {
+    float lanes[HWY_MAX_BYTES / sizeof(float)];
+    for (size_t i = 0; i < hn::Lanes(d); ++i) lanes[i] = ToCompute(p[i]);
+    return hn::LoadU(d, lanes);
+  } else {
+    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<T, D>(), p));
+  }
 }
 
 template <typename T, class D>
 HWY_INLINE void StoreAs(D d, hn::Vec<D> v, T* HWY_RESTRICT p) {
   if constexpr (std::is_same_v<T, Compute<T>>) {
     hn::StoreU(v, d, p);
+  } else if constexpr (std::is_same_v<T, hwy::float16_t> && !kExactF16) {
+    float lanes[HWY_MAX_BYTES / sizeof(float)];
+    hn::StoreU(v, d, lanes);
+    for (size_t i = 0; i < hn::Lanes(d); ++i) p[i] = FromCompute<T>(lanes[i]);
   } else if constexpr (std::is_same_v<T, hwy::float16_t>) {
     hn::StoreU(hn::DemoteTo(hn::Rebind<T, D>(), v), hn::Rebind<T, D>(), p);
   } else {

@@ -1,0 +1,53 @@
+"""The `opforge` command: `opforge info` and `opforge tour`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _print_info(as_json: bool) -> None:
+    import opforge
+
+    info = opforge.info()
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return
+    print(f"opforge {info['version']}")
+    print(f"SIMD targets compiled: {', '.join(info['simd_compiled'])}")
+    print(f"SIMD targets this CPU runs: {', '.join(info['simd_supported'])}")
+    print(f"SIMD target chosen: {info['simd_chosen']}")
+    print(f"CUDA kernels compiled: {'yes' if info['built_with_cuda'] else 'no'}")
+    print("Backends:")
+    for b in info["backends"]:
+        state = "available" if b["available"] else f"unavailable ({b['reason']})"
+        print(f"  {b['name']:<6} device={b['device']:<5} score={b['score']:<3} devices={b['device_count']}  {state}")
+    print(f"Threads: {info['num_threads']}")
+    print(f"Ops: {', '.join(info['ops'])}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="opforge", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="version, SIMD targets, backends, threads")
+    info.add_argument("--json", action="store_true", help="print as JSON")
+    tour = sub.add_parser("tour", help="run every op in every installed framework against its reference")
+    tour.add_argument("--frameworks", default="numpy,torch,jax", help="comma-separated subset to try")
+    tour.add_argument("--rows", type=int, default=512)
+    tour.add_argument("--cols", type=int, default=1024)
+    tour.add_argument("--repeats", type=int, default=30, help="timed calls per measurement (median)")
+    tour.add_argument("--csv", help="also write the table to this CSV file")
+    args = parser.parse_args(argv)
+
+    if args.command == "info":
+        _print_info(args.json)
+        return 0
+    from .tour import run_tour
+
+    return run_tour(frameworks=args.frameworks.split(","), rows=args.rows, cols=args.cols,
+                    repeats=args.repeats, csv_path=args.csv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

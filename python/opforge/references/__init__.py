@@ -1,0 +1,1 @@
+"""Each op's reference implementations (ops/<name>/reference.py), installed here by the build."""

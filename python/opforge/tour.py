@@ -1,0 +1,117 @@
+"""The tour: every op, in every installed framework, against that framework's own reference.
+
+For each op and framework it runs opforge on that framework's arrays, checks the result
+against the op's reference written in the same framework (ops/<name>/reference.py), and times
+both (median of repeated calls, after a warm-up). The ratio is reference time / opforge time:
+above 1 means opforge is faster.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import importlib.util
+import statistics
+import time
+
+import numpy as np
+
+import opforge
+
+DTYPE = "float32"
+
+
+def _framework(name: str):
+    """(to_native, to_numpy, sync, jit) for an installed framework, or None."""
+    if name == "numpy":
+        return (lambda a: a.astype(DTYPE), np.asarray, lambda r: r, lambda f: f)
+    if importlib.util.find_spec(name) is None:
+        return None
+    if name == "torch":
+        import torch
+
+        return (lambda a: torch.from_numpy(a.astype(DTYPE)), lambda t: t.numpy(), lambda r: r, lambda f: f)
+    if name == "jax":
+        import jax
+
+        def sync(r):
+            return r.block_until_ready() if hasattr(r, "block_until_ready") else r
+
+        return (lambda a: jax.device_put(a.astype(DTYPE)), np.asarray, sync, jax.jit)
+    return None
+
+
+def _median_us(fn, sync, repeats: int) -> float:
+    sync(fn())  # warm-up: compilation, caches, thread pool start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        sync(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def _rows(frameworks, rows, cols, repeats):
+    rng = np.random.default_rng()
+    for name in opforge._core.op_names():
+        try:
+            ref = importlib.import_module(f"opforge.references.{name}")
+        except ModuleNotFoundError:
+            yield {"op": name, "framework": "-", "note": "no reference.py"}
+            continue
+        arrays, attrs = ref.sample(rng, rows=rows, cols=cols)
+        op = getattr(opforge, name)
+        for fw in frameworks:
+            tools = _framework(fw)
+            if tools is None or not hasattr(ref, fw):
+                continue
+            to_native, to_numpy, sync, jit = tools
+            args = [sync(to_native(a)) for a in arrays]
+            native = jit(lambda *a, _f=getattr(ref, fw): _f(*a, **attrs))
+            got = to_numpy(op(*args, **attrs)).astype(np.float64)
+            want = to_numpy(sync(native(*args))).astype(np.float64)
+            scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+            ours = _median_us(lambda: op(*args, **attrs), sync, repeats)
+            theirs = _median_us(lambda: native(*args), sync, repeats)
+            yield {
+                "op": name,
+                "framework": fw,
+                "backend": op.op.backend_for(*args, **attrs),
+                "dtype": DTYPE,
+                "shape": "x".join(map(str, arrays[0].shape)),
+                "max_error": float(np.abs(got - want).max(initial=0.0)) / scale,
+                "opforge_us": ours,
+                "native_us": theirs,
+                "ratio": theirs / ours,
+                "native": f"{fw}{' (jit)' if fw == 'jax' else ''}",
+            }
+
+
+def run_tour(frameworks, rows=512, cols=1024, repeats=30, csv_path=None) -> int:
+    info = opforge.info()
+    print(f"opforge {info['version']} tour: SIMD {info['simd_chosen']}, {info['num_threads']} threads, "
+          f"backends: " + ", ".join(b["name"] + ("" if b["available"] else " (unavailable)") for b in info["backends"]))
+    print("max error: max |opforge - reference| / max(1, max |reference|); "
+          "ratio: reference time / opforge time (>1: opforge faster)\n")
+    header = f"{'op':<10} {'framework':<10} {'backend':<8} {'shape':<10} {'max error':>10} {'opforge µs':>11} {'native µs':>10} {'ratio':>7}"
+    print(header)
+    print("-" * len(header))
+    rows_out = []
+    failures = 0
+    for r in _rows(frameworks, rows, cols, repeats):
+        rows_out.append(r)
+        if "note" in r:
+            print(f"{r['op']:<10} {r['note']}")
+            continue
+        flag = "" if r["max_error"] < 1e-4 else "  <-- MISMATCH"
+        failures += bool(flag)
+        print(f"{r['op']:<10} {r['native']:<10} {r['backend']:<8} {r['shape']:<10} {r['max_error']:>10.2e} "
+              f"{r['opforge_us']:>11.1f} {r['native_us']:>10.1f} {r['ratio']:>6.2f}x{flag}")
+    if csv_path:
+        with open(csv_path, "w", newline="") as f:
+            fields = ["op", "framework", "backend", "dtype", "shape", "max_error", "opforge_us", "native_us", "ratio"]
+            writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(r for r in rows_out if "note" not in r)
+        print(f"\nwrote {csv_path}")
+    return 1 if failures else 0

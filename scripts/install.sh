@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs everything opforge needs on a fresh Debian machine (system packages, Python
+# packages) and builds and installs opforge itself. With --tests, the build also compiles
+# the C++ tests into build/ci for scripts/test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+with_tests=0
+[[ "${1:-}" == "--tests" ]] && with_tests=1
+
+sudo=""
+[[ "$(id -u)" -ne 0 ]] && sudo="sudo"
+if command -v apt-get >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  # Highway for runtime-dispatched SIMD, the DLPack header, GoogleTest, a compiler.
+  $sudo apt-get install -y -qq g++ libhwy-dev libdlpack-dev libgtest-dev >/dev/null
+fi
+
+# torch is pinned: an unpinned torch pulls gigabytes of CUDA wheels. CMake from PyPI because
+# Debian's 3.25 cannot pass C++20 to nvcc.
+python3 -m pip install -q --disable-pip-version-check \
+  "torch==2.13.0" "jax==0.10.2" "jaxlib==0.10.2" "numpy>=1.24" "pytest>=8" \
+  "nanobind>=2.0" "scikit-build-core>=0.10" "cmake>=3.28" ninja
+
+# No build isolation: the build must see the pinned packages above, not fetch its own.
+args=(--no-build-isolation --disable-pip-version-check -q)
+if [[ $with_tests -eq 1 ]]; then
+  args+=(-Cbuild-dir=build/ci -Ccmake.define.OPFORGE_BUILD_TESTS=ON)
+fi
+python3 -m pip install "${args[@]}" .
+echo "opforge installed: $(python3 -c 'import opforge; print(opforge.__version__, opforge.simd_target())')"

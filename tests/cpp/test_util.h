@@ -1,0 +1,110 @@
+// Helpers shared by the C++ tests: error matching, views over std::vector storage, and a
+// one-call path through validate -> select -> run that mirrors what the adapters do.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "opforge/dispatch.h"
+#include "opforge/error.h"
+#include "opforge/registry.h"
+#include "opforge/tensor.h"
+
+namespace opforge::testing {
+
+inline const char* kind_name(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::type: return "type";
+    case ErrorKind::value: return "value";
+    case ErrorKind::not_implemented: return "not_implemented";
+    case ErrorKind::runtime: return "runtime";
+  }
+  return "?";
+}
+
+// Passes when f throws opforge::Error of `kind` whose message contains `needle`. A failure
+// prints what was thrown instead, so a reworded message is easy to spot.
+template <typename F>
+::testing::AssertionResult throws(F&& f, ErrorKind kind, std::string_view needle) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    if (e.kind() != kind)
+      return ::testing::AssertionFailure() << "kind " << kind_name(e.kind()) << " (wanted "
+                                           << kind_name(kind) << "): " << msg;
+    if (msg.find(needle) == std::string::npos)
+      return ::testing::AssertionFailure() << "message \"" << msg << "\" lacks \"" << needle << "\"";
+    return ::testing::AssertionSuccess();
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "threw a non-opforge exception: " << e.what();
+  }
+  return ::testing::AssertionFailure() << "did not throw (wanted \"" << needle << "\")";
+}
+
+// The message f throws as opforge::Error, or "" (with a test failure) if it does not.
+template <typename F>
+std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an opforge::Error";
+  return "";
+}
+
+inline TensorView view(void* data, DType dtype, std::vector<int64_t> shape,
+                       std::vector<int64_t> strides = {}, Device device = {}) {
+  TensorView t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.strides = strides.empty() && !shape.empty() ? contiguous_strides(shape) : std::move(strides);
+  t.shape = std::move(shape);
+  return t;
+}
+
+template <typename T>
+TensorView view(std::vector<T>& storage, DType dtype, std::vector<int64_t> shape,
+                std::vector<int64_t> strides = {}) {
+  return view(storage.data(), dtype, std::move(shape), std::move(strides));
+}
+
+// Runs op `name` as an adapter would: validate, allocate contiguous results, pick a kernel,
+// call it. Results come back as raw bytes, one vector per result.
+struct Result {
+  Outputs specs;
+  std::vector<std::vector<unsigned char>> bytes;
+
+  template <typename T>
+  std::vector<T> as(size_t i = 0) const {
+    std::vector<T> out(bytes[i].size() / sizeof(T));
+    if (!out.empty()) std::memcpy(out.data(), bytes[i].data(), bytes[i].size());
+    return out;
+  }
+};
+
+inline Result run_op(std::string_view name, const OpInputs& inputs) {
+  const OpDef& op = find_op(name);
+  Result r;
+  r.specs = infer_outputs(op, inputs);
+  std::vector<TensorView> outs;
+  for (const auto& spec : r.specs) {
+    int64_t n = 1;
+    for (int64_t s : spec.shape) n *= s;
+    r.bytes.emplace_back(static_cast<size_t>(n * dtype_size(spec.dtype)));
+  }
+  for (size_t i = 0; i < r.specs.size(); ++i)
+    outs.push_back(view(r.bytes[i].data(), r.specs[i].dtype, r.specs[i].shape));
+  run_kernel(op, select_kernel(op, inputs), inputs, outs, nullptr);
+  return r;
+}
+
+}  // namespace opforge::testing
