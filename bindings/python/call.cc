@@ -3,6 +3,9 @@
 #include <string>
 #include <vector>
 
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
 #include "arrays.h"
 #include "opforge/dispatch.h"
 
@@ -17,6 +20,8 @@ std::string python_type_name(nb::handle obj) {
 [[noreturn]] void arg_error(const OpDef& op, const ArgSpec& arg, const char* expected, nb::handle got) {
   fail(ErrorKind::type, op.name(), "(): '", arg.name, "' must be ", expected, ", got ", python_type_name(got));
 }
+
+}  // namespace
 
 AttrValue attr_from_python(const OpDef& op, const ArgSpec& arg, nb::handle value) {
   const bool is_bool = PyBool_Check(value.ptr());
@@ -39,6 +44,8 @@ AttrValue attr_from_python(const OpDef& op, const ArgSpec& arg, nb::handle value
   }
   fail(ErrorKind::runtime, "attr_from_python: not an attribute");
 }
+
+namespace {
 
 // Orders positional and keyword arguments by the schema, like a Python signature would.
 std::vector<nb::handle> bind(const OpDef& op, const nb::args& args, const nb::kwargs& kwargs) {
@@ -100,6 +107,36 @@ PreparedCall prepare_call(const OpDef& op, const nb::args& args, const nb::kwarg
   call.outputs = infer_outputs(op, inputs);
   call.selection = select_kernel(op, inputs);
   return call;
+}
+
+nb::list infer_call(const OpDef& op, const nb::sequence& tensors, const nb::dict& attrs) {
+  OpInputs inputs;
+  const auto& specs = op.schema().args;
+  size_t t = 0;
+  for (const ArgSpec& spec : specs) {
+    if (spec.is_tensor()) {
+      nb::handle meta = tensors[t++];
+      if (meta.is_none()) {
+        inputs.tensors.emplace_back(std::nullopt);
+        continue;
+      }
+      TensorView view;
+      view.shape = nb::cast<std::vector<int64_t>>(meta[0]);
+      view.dtype = dtype_from_name(nb::cast<std::string>(meta[1]));
+      view.strides = contiguous_strides(view.shape);
+      inputs.tensors.emplace_back(std::move(view));
+    } else if (attrs.contains(spec.name.c_str())) {
+      inputs.attrs.push_back(attr_from_python(op, spec, attrs[spec.name.c_str()]));
+    } else if (spec.default_value) {
+      inputs.attrs.push_back(*spec.default_value);
+    } else {
+      fail(ErrorKind::type, op.name(), "() missing required argument '", spec.name, "'");
+    }
+  }
+  nb::list out;
+  for (const OutputSpec& o : infer_outputs(op, inputs))
+    out.append(nb::make_tuple(nb::tuple(nb::cast(o.shape)), std::string(dtype_name(o.dtype))));
+  return out;
 }
 
 nb::object call_op(const OpDef& op, nb::args args, nb::kwargs kwargs) {

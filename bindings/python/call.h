@@ -22,6 +22,15 @@ struct PreparedCall {
 
 PreparedCall prepare_call(const OpDef& op, const nanobind::args& args, const nanobind::kwargs& kwargs);
 
+// Binds one Python value to a non-tensor schema argument; TypeError on the wrong kind.
+AttrValue attr_from_python(const OpDef& op, const ArgSpec& arg, nanobind::handle value);
+
+// Result (shape, dtype name) pairs from argument metadata alone: `tensors` holds, per tensor
+// argument, None or (shape, dtype name); `attrs` maps attribute names to values. Runs the
+// validator and shape rule, so adapters (JAX abstract evaluation, torch fake kernels) get
+// the same checks and messages as eager calls.
+nanobind::list infer_call(const OpDef& op, const nanobind::sequence& tensors, const nanobind::dict& attrs);
+
 nanobind::object call_op(const OpDef& op, nanobind::args args, nanobind::kwargs kwargs);
 
 }  // namespace opforge::python

@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
+#include <nanobind/stl/tuple.h>
 
 #include "call.h"
 #include "opforge/dispatch.h"
@@ -107,6 +108,12 @@ NB_MODULE(_core, m) {
              return python::prepare_call(*self.op, args, kwargs).selection.backend->name();
            },
            "The backend a call with these arguments would run on (validates, runs nothing).")
+      .def("infer",
+           [](const PyOp& self, nb::sequence tensors, nb::dict attrs) {
+             return python::infer_call(*self.op, tensors, attrs);
+           },
+           nb::arg("tensors"), nb::arg("attrs"),
+           "Result (shape, dtype) pairs from per-tensor (shape, dtype) or None, and attributes.")
       .def_prop_ro("name", [](const PyOp& self) { return self.op->name(); })
       .def_prop_ro("schema", [](const PyOp& self) { return self.op->schema().text; })
       .def_prop_ro("doc", [](const PyOp& self) { return self.op->doc(); })
