@@ -69,6 +69,19 @@ OpDef& OpDef::dispatch_on(std::string_view arg) {
   return *this;
 }
 
+OpDef& OpDef::backward(std::string_view backward_op, std::vector<std::string> inputs) {
+  for (const auto& arg : inputs) constraint_for(arg);  // validates the names
+  backward_op_ = std::string(backward_op);
+  differentiable_ = std::move(inputs);
+  return *this;
+}
+
+OpDef& OpDef::maps_over_leading_dims(std::vector<std::string> args) {
+  for (const auto& arg : args) constraint_for(arg);
+  leading_dim_args_ = std::move(args);
+  return *this;
+}
+
 const TensorView* ArgAccess::optional_tensor(std::string_view name) const {
   int64_t slot = op_.tensor_slot(name);
   if (slot < 0) fail(ErrorKind::runtime, "no tensor argument '", name, "'");

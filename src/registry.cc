@@ -44,7 +44,28 @@ bool register_op(const char* name, OpDef (*declare)()) {
   }
 }
 
-std::vector<std::string> registration_errors() { return error_table(); }
+// Backward declarations can only be checked once every op has loaded.
+static void check_backward(const OpDef& op, std::vector<std::string>& errors) {
+  if (op.backward_op().empty()) return;
+  const OpDef* bwd = lookup_op(op.backward_op());
+  if (!bwd) {
+    errors.push_back(str("op '", op.name(), "': backward op '", op.backward_op(), "' is not registered"));
+    return;
+  }
+  for (const auto& arg : bwd->schema().args)
+    if (arg.name != "grad" && arg.name != "result" && op.schema().arg_index(arg.name) < 0)
+      errors.push_back(str("op '", op.name(), "': backward op '", bwd->name(), "' takes '", arg.name,
+                           "', which is neither 'grad', 'result' nor an argument of '", op.name(), "'"));
+  if (bwd->schema().num_results != static_cast<int64_t>(op.differentiable().size()))
+    errors.push_back(str("op '", op.name(), "': backward op '", bwd->name(), "' returns ", bwd->schema().num_results,
+                         " results for ", op.differentiable().size(), " differentiable inputs"));
+}
+
+std::vector<std::string> registration_errors() {
+  std::vector<std::string> errors = error_table();
+  for (const auto& [_, op] : op_table()) check_backward(op, errors);
+  return errors;
+}
 
 bool register_kernel(std::string_view op, std::string_view backend, std::vector<DType> dtypes,
                      KernelFn fn) {

@@ -17,6 +17,8 @@ std::string python_type_name(nb::handle obj) {
   return nb::cast<std::string>(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))).attr("__name__"));
 }
 
+std::string python_str(nb::handle obj) { return nb::cast<std::string>(nb::str(obj)); }
+
 [[noreturn]] void arg_error(const OpDef& op, const ArgSpec& arg, const char* expected, nb::handle got) {
   fail(ErrorKind::type, op.name(), "(): '", arg.name, "' must be ", expected, ", got ", python_type_name(got));
 }
@@ -96,9 +98,18 @@ PreparedCall prepare_call(const OpDef& op, const nb::args& args, const nb::kwarg
            "' is a torch tensor that requires grad; call .detach() first, or use torch.ops.opforge for autograd");
     call.arrays.emplace_back();
     if (!import_array(value, call.arrays.back())) {
+      // An array DLPack cannot express (byte order, dtype, device) is still an array: say which.
+      if (nb::hasattr(value, "dtype") && nb::hasattr(value, "device"))
+        fail(ErrorKind::type, op.name(), "(): '", spec.name, "' is a ", python_type_name(value), " with dtype ",
+             python_str(value.attr("dtype")), " on ", python_str(value.attr("device")),
+             ", which opforge cannot read without a copy");
       arg_error(op, spec, "an array (NumPy, torch, JAX, CuPy, or any DLPack or buffer-protocol object)", value);
     }
-    inputs.tensors.emplace_back(view_of(call.arrays.back()));
+    try {
+      inputs.tensors.emplace_back(view_of(call.arrays.back()));
+    } catch (const Error& e) {
+      fail(e.kind(), op.name(), "(): '", spec.name, "' has ", e.what());  // e.g. a complex dtype
+    }
     if (!have_framework) {
       call.framework = framework_of(value);
       have_framework = true;

@@ -89,6 +89,10 @@ void translate(const std::exception_ptr& p, void*) {
 
 }  // namespace
 
+#ifdef OPFORGE_WITH_JAX
+void register_jax_bindings(nb::module_& m);  // bindings/jax/module.cc
+#endif
+
 NB_MODULE(_core, m) {
   m.doc() = "opforge's C++ core: registry, validator, dispatcher, thread pool, SIMD targets.";
   nb::register_exception_translator(translate);
@@ -119,6 +123,14 @@ NB_MODULE(_core, m) {
       .def_prop_ro("doc", [](const PyOp& self) { return self.op->doc(); })
       .def_prop_ro("num_results", [](const PyOp& self) { return self.op->schema().num_results; })
       .def_prop_ro("args", [](const PyOp& self) { return op_args(*self.op); })
+      .def_prop_ro("backward",
+                   [](const PyOp& self) -> nb::object {
+                     if (self.op->backward_op().empty()) return nb::none();
+                     return nb::make_tuple(self.op->backward_op(), self.op->differentiable());
+                   },
+                   "(backward op name, [inputs it returns gradients for]) or None.")
+      .def_prop_ro("leading_dim_args", [](const PyOp& self) { return self.op->leading_dim_args(); },
+                   "Tensor arguments whose leading dimensions the op maps over (see OpDef).")
       .def_prop_ro("kernels", [](const PyOp& self) { return op_kernels(*self.op); })
       .def("__repr__", [](const PyOp& self) { return "<opforge op " + self.op->schema().text + ">"; });
 
@@ -142,4 +154,7 @@ NB_MODULE(_core, m) {
   m.def("set_backend", &set_backend_override, nb::arg("op"), nb::arg("backend"));
   m.def("backend_override", &backend_override, nb::arg("op"));
   m.def("reload_config", &reload_config);
+#ifdef OPFORGE_WITH_JAX
+  register_jax_bindings(m);
+#endif
 }

@@ -23,6 +23,8 @@ class Backend {
   // Higher wins when several available backends have a kernel for the same device.
   virtual int score() const = 0;
   virtual int64_t device_count() const = 0;
+  // The device the calling thread has made current (CUDA's cudaGetDevice); 0 where there is one.
+  virtual int32_t current_device() const { return 0; }
 
   // Memory on `device`, ordered on `stream` where the backend has streams.
   virtual void* allocate(int64_t bytes, Device device, void* stream) = 0;

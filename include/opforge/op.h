@@ -106,6 +106,16 @@ class OpDef {
   OpDef& doc(std::string text);
   // The tensor argument whose dtype selects the kernel (default: the first tensor).
   OpDef& dispatch_on(std::string_view arg);
+  // Gradients come from another registered op, `backward_op`, whose results are the
+  // gradients of `inputs` (tensor arguments of this op, in that order). Its arguments are
+  // bound by name: "grad" is the cotangent of this op's result, "result" this op's result,
+  // and any other name is this op's argument of that name. Adapters (torch autograd, JAX
+  // custom_vjp) wire it up; arguments not listed get no gradient.
+  OpDef& backward(std::string_view backward_op, std::vector<std::string> inputs);
+  // The op works independently on every index of the leading dimensions of `args` (which
+  // broadcast against each other), so a batch axis can be one more leading dimension: one
+  // call on the batched arrays instead of a loop. Adapters use it for vmap.
+  OpDef& maps_over_leading_dims(std::vector<std::string> args);
 
   const std::string& name() const { return schema_.name; }
   const Schema& schema() const { return schema_; }
@@ -113,6 +123,9 @@ class OpDef {
   const ShapeRule& shape_rule() const { return shape_rule_; }
   const TensorConstraint& constraint(int64_t tensor_slot) const { return constraints_[tensor_slot]; }
   int64_t dispatch_slot() const { return dispatch_slot_; }
+  const std::string& backward_op() const { return backward_op_; }
+  const std::vector<std::string>& differentiable() const { return differentiable_; }
+  const std::vector<std::string>& leading_dim_args() const { return leading_dim_args_; }
 
   // Slot of schema argument `arg` among the tensors or among the attributes; -1 if absent.
   int64_t tensor_slot(std::string_view arg) const;
@@ -128,6 +141,9 @@ class OpDef {
   std::vector<TensorConstraint> constraints_;  // one per tensor slot
   std::vector<int64_t> slot_of_arg_;           // schema arg -> tensor or attr slot
   int64_t dispatch_slot_ = 0;
+  std::string backward_op_;
+  std::vector<std::string> differentiable_;
+  std::vector<std::string> leading_dim_args_;
 };
 
 template <typename... Args>

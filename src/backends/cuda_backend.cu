@@ -39,6 +39,12 @@ class CudaBackend final : public Backend {
     return count;
   }
 
+  int32_t current_device() const override {
+    int device = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    return device;
+  }
+
   void* allocate(int64_t bytes, Device device, void* stream) override {
     check(cudaSetDevice(device.index), "cudaSetDevice");
     void* p = nullptr;

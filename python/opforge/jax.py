@@ -1,0 +1,209 @@
+"""opforge ops as JAX functions, derived from their declarations: no per-op JAX code.
+
+``opforge.jax.rms_norm(x, weight, eps=1e-6)`` lowers to one XLA FFI custom call (the handler
+in bindings/jax/) on the CPU or, when built with CUDA, on the GPU with XLA's stream. Result
+shapes come from the op's C++ shape rule, so bad inputs fail at trace time with opforge's
+messages. ``jax.grad`` works through ops that declare a backward op (a ``jax.custom_vjp``
+calls it); ``jax.vmap`` works everywhere: ops that map over the leading dimensions of their
+arguments take the batch as one more leading dimension (one call), others run a
+``lax.map`` over the batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+
+from . import _core, _signature
+
+_TARGET = "opforge_call"
+# Attribute names the FFI call uses for itself; schemas must not use them.
+_RESERVED = ("op", "present")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split("+")[0].split(".")[:3] if p.isdigit())
+
+
+def _check_abi() -> None:
+    built = _core.jax_ffi.jaxlib_version
+    major, minor = _core.jax_ffi.ffi_api_version
+    if _version(jaxlib.__version__) < _version(built):
+        raise ImportError(
+            f"opforge.jax: opforge's XLA FFI handlers were built against jaxlib {built} "
+            f"(XLA FFI API {major}.{minor}), but the running jaxlib is {jaxlib.__version__}; XLA "
+            "rejects handlers built against newer FFI headers than its own. Rebuild opforge "
+            "with this jaxlib installed (pip install --no-build-isolation .) or upgrade jaxlib.")
+
+
+if not hasattr(_core, "jax_ffi"):
+    raise ImportError("opforge.jax: this opforge was built without the JAX adapter (jaxlib was "
+                      "not installed at build time); install jax and rebuild opforge")
+_check_abi()
+for _platform, _capsule in _core.jax_ffi.handlers().items():
+    jax.ffi.register_ffi_target(_TARGET, _capsule, platform=_platform)
+
+
+def _attr(kind: str, value):
+    # FFI attributes must be typed NumPy scalars; the C++ side decodes these exact types.
+    return {"float": np.float64, "int": np.int64, "bool": np.bool_, "str": str}[kind](value)
+
+
+class _Op:
+    """What the JAX side needs to know of one op, read once from its declaration."""
+
+    def __init__(self, name: str):
+        self.core = _core.op(name)
+        self.name = name
+        self.args = self.core.args
+        self.tensor_names = [a["name"] for a in self.args if a["kind"].startswith("Tensor")]
+        self.attr_kinds = {a["name"]: a["kind"] for a in self.args if not a["kind"].startswith("Tensor")}
+        self.signature = _signature(self.core)
+        self.leading = set(self.core.leading_dim_args)
+        self.backward = self.core.backward
+        self.multi = self.core.num_results > 1
+
+    def bind(self, args, kwargs):
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.name}(): {e}") from None
+        bound.apply_defaults()
+        values = bound.arguments
+        tensors = []
+        for name in self.tensor_names:
+            t = values[name]
+            if t is not None and not (hasattr(t, "shape") and hasattr(t, "dtype")):
+                raise TypeError(f"{self.name}(): '{name}' must be an array, got {type(t).__name__}")
+            tensors.append(t)
+        attrs = {name: values[name] for name in self.attr_kinds}
+        return tensors, attrs
+
+
+@functools.lru_cache(maxsize=None)
+def _op(name: str) -> _Op:
+    return _Op(name)
+
+
+def _ffi(op: _Op, names: tuple[str, ...], present, attrs: dict):
+    """One FFI custom call on the present tensors (named `names`)."""
+    by_name = dict(zip(names, present))
+    metas = [(tuple(by_name[n].shape), str(jnp.dtype(by_name[n].dtype))) if n in by_name else None
+             for n in op.tensor_names]
+    results = [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape, dtype in op.core.infer(metas, attrs)]
+    mask = sum(1 << i for i, n in enumerate(op.tensor_names) if n in by_name)
+    call = jax.ffi.ffi_call(_TARGET, results if op.multi else results[0])
+    typed = {k: _attr(op.attr_kinds[k], v) for k, v in attrs.items()}
+    return call(*present, op=op.name, present=np.int64(mask), **typed)
+
+
+def _pad_after_batch(x, rank: int):
+    """(B, *s) -> (B, 1, ..., 1, *s) with `rank` dims after B, so leading dims broadcast right."""
+    return x.reshape((x.shape[0],) + (1,) * (rank - (x.ndim - 1)) + x.shape[1:])
+
+
+@functools.lru_cache(maxsize=None)
+def _primitive(name: str, names: tuple[str, ...], attr_items: tuple):
+    """The op on these present tensors and attributes, batching by its declaration."""
+    op = _op(name)
+    attrs = dict(attr_items)
+
+    @jax.custom_batching.custom_vmap
+    def call(*present):
+        return _ffi(op, names, present, attrs)
+
+    @call.def_vmap
+    def batched(axis_size, in_batched, *present):
+        out_batched = [True] * op.core.num_results if op.multi else True
+        if all(n in op.leading for n, b in zip(names, in_batched) if b):
+            # One call: the batch axis becomes one more leading dimension.
+            rank = max(t.ndim - b for n, t, b in zip(names, present, in_batched) if n in op.leading)
+            args = [_pad_after_batch(t, rank) if b else t for t, b in zip(present, in_batched)]
+            return call(*args), out_batched
+        # Other ops see one batch element at a time, in an XLA loop.
+        idx = [i for i, b in enumerate(in_batched) if b]
+
+        def one(batch_slices):
+            args = list(present)
+            for i, s in zip(idx, batch_slices):
+                args[i] = s
+            return call(*args)
+
+        return jax.lax.map(one, [present[i] for i in idx]), out_batched
+
+    return call
+
+
+def _zero_cotangent(x):
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, dtype=jax.dtypes.float0)
+
+
+@functools.lru_cache(maxsize=None)
+def _differentiable(name: str, names: tuple[str, ...], attr_items: tuple):
+    """_primitive wrapped in a custom_vjp that calls the op's declared backward op."""
+    op = _op(name)
+    prim = _primitive(name, names, attr_items)
+    if op.backward is None:
+        return prim
+    backward_name, differentiable = op.backward
+    backward = _op(backward_name)
+    attrs = dict(attr_items)
+
+    @jax.custom_vjp
+    def f(*present):
+        return prim(*present)
+
+    def fwd(*present):
+        out = prim(*present)
+        return out, (present, out)
+
+    def bwd(residuals, grad):
+        present, out = residuals
+        values = {**attrs, **dict(zip(names, present)), "grad": grad, "result": out}
+        args = {a["name"]: values.get(a["name"]) for a in backward.args}
+        grads = apply(backward_name, **args)
+        grads = grads if isinstance(grads, (tuple, list)) else (grads,)
+        by_name = dict(zip(differentiable, grads))
+        return tuple(by_name[n] if n in by_name else _zero_cotangent(t) for n, t in zip(names, present))
+
+    f.defvjp(fwd, bwd)
+    return f
+
+
+def apply(name: str, *args, **kwargs):
+    """Runs opforge op `name` on JAX arrays (what every generated function calls)."""
+    op = _op(name)
+    tensors, attrs = op.bind(args, kwargs)
+    names = tuple(n for n, t in zip(op.tensor_names, tensors) if t is not None)
+    present = [jnp.asarray(t) for t in tensors if t is not None]
+    return _differentiable(name, names, tuple(sorted(attrs.items())))(*present)
+
+
+def _make_function(name: str):
+    op = _op(name)
+
+    def function(*args, **kwargs):
+        return apply(name, *args, **kwargs)
+
+    function.__name__ = function.__qualname__ = name
+    function.__module__ = __name__
+    function.__signature__ = op.signature
+    grad_note = (f"Differentiable in {', '.join(op.backward[1])} (backward: {op.backward[0]})."
+                 if op.backward else "Not differentiable.")
+    function.__doc__ = f"{op.core.schema}\n\n{op.core.doc}\n\nJAX: jit, vmap. {grad_note}"
+    return function
+
+
+for _name in _core.op_names():
+    for _arg in _op(_name).attr_kinds:
+        if _arg in _RESERVED:
+            raise ImportError(f"opforge.jax: op '{_name}' uses the reserved attribute name '{_arg}'")
+    globals()[_name] = _make_function(_name)
+del _name, _platform, _capsule
