@@ -18,6 +18,15 @@ import opforge
 # work from anywhere without turning the folders into packages.
 sys.path.insert(0, str(Path(__file__).parent / "tests" / "python"))
 
+try:
+    import jax
+except ImportError:
+    pass
+else:
+    # Without x64 jax silently makes float64 and int64 arrays 32-bit. Set once for the whole
+    # session, before any test runs, so test order cannot change which dtypes jax tests see.
+    jax.config.update("jax_enable_x64", True)
+
 
 def pytest_report_header(config):
     return (f"opforge {opforge.__version__}: SIMD targets {opforge.simd_targets()} "

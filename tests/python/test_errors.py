@@ -1,0 +1,187 @@
+"""Every user error is a typed Python exception naming the op, the argument, what was expected
+and what was got; none of them may take the interpreter down."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import opforge
+
+X = np.ones((2, 3), np.float32)
+W = np.ones(3, np.float32)
+
+
+@pytest.fixture
+def restore_backend():
+    yield
+    for op in [None] + opforge._core.op_names():
+        opforge.set_backend(None, op)
+
+
+USER_ERRORS = [
+    # dtypes
+    (lambda: opforge.add_one(X.astype(np.int8)), TypeError,
+     r"add_one\(\): 'x' must have dtype in \[float32, float64, float16, bfloat16, int32, int64\], got int8"),
+    (lambda: opforge.rms_norm(X.astype(np.int32), W), TypeError,
+     r"rms_norm\(\): 'x' must have dtype in \[float32, float64, float16, bfloat16\], got int32"),
+    (lambda: opforge.add(X, X.astype(np.float64)), TypeError,
+     r"add\(\): 'y' must have dtype float32 like 'x', got float64"),
+    (lambda: opforge.rms_norm(X, W.astype(np.float16)), TypeError,
+     r"rms_norm\(\): 'weight' must have dtype float32 like 'x', got float16"),
+    (lambda: opforge.add(torch.ones(3), torch.ones(3, dtype=torch.bfloat16)), TypeError,
+     r"add\(\): 'y' must have dtype float32 like 'x', got bfloat16"),
+    # shapes and ranks
+    (lambda: opforge.rms_norm(X, np.ones(4, np.float32)), ValueError,
+     r"rms_norm\(\): 'weight' must have shape \[3\], got \[4\]"),
+    (lambda: opforge.rms_norm(np.float32(1.0).reshape(()), W), ValueError,
+     r"rms_norm\(\): 'x' must have rank >= 1, got rank 0 \(shape \[\]\)"),
+    (lambda: opforge.rms_norm(X, W.reshape(1, 3)), ValueError,
+     r"rms_norm\(\): 'weight' must have rank 1, got rank 2 \(shape \[1, 3\]\)"),
+    (lambda: opforge.add(X, np.ones(4, np.float32)), ValueError,
+     r"add\(\): 'x' of shape \[2, 3\] and 'y' of shape \[4\] cannot be broadcast together"),
+    (lambda: opforge.add(np.ones((2, 1, 3)), np.ones((4, 2))), ValueError,
+     r"add\(\): 'x' of shape \[2, 1, 3\] and 'y' of shape \[4, 2\] cannot be broadcast"),
+    # non-arrays: no implicit conversion of lists or Python numbers
+    (lambda: opforge.add([1.0, 2.0], X), TypeError, r"add\(\): 'x' must be an array .*, got list"),
+    (lambda: opforge.add(X, 1.0), TypeError, r"add\(\): 'y' must be an array .*, got float"),
+    (lambda: opforge.add_one("abc"), TypeError, r"add_one\(\): 'x' must be an array .*, got str"),
+    (lambda: opforge.add(None, X), TypeError, r"add\(\): 'x' must be an array, got NoneType"),
+    # arrays this path cannot read in place: dtypes outside DLPack's set, byte order, devices
+    (lambda: opforge.add_one(X.astype(np.complex64)), TypeError, r"add_one\(\): 'x' has unsupported DLPack dtype"),
+    (lambda: opforge.add_one(X.astype(">f4")), TypeError,
+     r"add_one\(\): 'x' is a ndarray with dtype >f4 on cpu, which opforge cannot read without a copy"),
+    (lambda: opforge.add_one(torch.ones(3, device="meta")), TypeError,
+     r"add_one\(\): 'x' is a Tensor with dtype torch.float32 on meta"),
+    # binding, like a Python signature
+    (lambda: opforge.add(X), TypeError, r"add\(\) missing required argument 'y'"),
+    (lambda: opforge.rms_norm(weight=W), TypeError, r"rms_norm\(\) missing required argument 'x'"),
+    (lambda: opforge.add(X, X, X), TypeError, r"add\(\) takes 2 arguments but 3 were given"),
+    (lambda: opforge.add(X, y=X, z=X), TypeError, r"add\(\) got an unexpected keyword argument 'z'"),
+    (lambda: opforge.add(X, X, x=X), TypeError, r"add\(\) got multiple values for argument 'x'"),
+    # attributes
+    (lambda: opforge.rms_norm(X, W, eps="a"), TypeError, r"rms_norm\(\): 'eps' must be a float, got str"),
+    (lambda: opforge.rms_norm(X, W, eps=True), TypeError, r"rms_norm\(\): 'eps' must be a float, got bool"),
+    (lambda: opforge.rms_norm(X, W, eps=None), TypeError, r"rms_norm\(\): 'eps' must be a float, got NoneType"),
+    (lambda: opforge.rms_norm(X, W, eps=-1e-3), ValueError, r"rms_norm\(\): 'eps' must be >= 0, got -0.001"),
+    (lambda: opforge.rms_norm(X, W, eps=float("nan")), ValueError, r"rms_norm\(\): 'eps' must be >= 0, got nan"),
+    # torch autograd is torch.ops.opforge's job; the generic path must not drop gradients
+    (lambda: opforge.add_one(torch.ones(3, requires_grad=True)), TypeError,
+     r"add_one\(\): 'x' is a torch tensor that requires grad; call \.detach\(\) first"),
+    (lambda: opforge.rms_norm(torch.ones(2, 3), torch.ones(3, requires_grad=True)), TypeError,
+     r"rms_norm\(\): 'weight' is a torch tensor that requires grad"),
+    # global settings
+    (lambda: opforge._core.op("nope"), ValueError, r"unknown op 'nope' \(known ops: add, add_one, .*rms_norm"),
+    (lambda: opforge.set_backend("nope"), ValueError, r"unknown backend 'nope' \(known: cpu"),
+    (lambda: opforge.set_backend("cpu", "nope"), ValueError, r"set_backend\(\) names unknown op 'nope'"),
+    (lambda: opforge.set_num_threads(0), ValueError, r"set_num_threads\(\): 'n' must be >= 1, got 0"),
+    (lambda: opforge.set_simd_target("nope"), ValueError,
+     r"set_simd_target\(\): 'name' must be one of the targets this CPU supports \[.*\], got 'nope'"),
+]
+
+
+@pytest.mark.parametrize("call, error, match", USER_ERRORS,
+                         ids=[re.sub(r"\\", "", m)[:50] for _, _, m in USER_ERRORS])
+def test_user_error(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_requires_grad_is_fine_without_grad_mode():
+    # Under no_grad there is no gradient to lose (inference with nn.Parameter weights).
+    with torch.no_grad():
+        out = opforge.add_one(torch.ones(3, requires_grad=True))
+    assert torch.equal(out, torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("op", [None, "add_one"])
+def test_forced_backend_cannot_run_cpu_arrays(restore_backend, op):
+    opforge.set_backend("cuda", op)
+    with pytest.raises(RuntimeError, match=r"add_one\(\): backend 'cuda' \(forced by set_backend\(\)\) "
+                                           r"cannot run on cpu tensors"):
+        opforge.add_one(X)
+    if op:  # a per-op override leaves the other ops alone
+        np.testing.assert_array_equal(opforge.add(X, X), X + X)
+    opforge.set_backend(None, op)
+    np.testing.assert_array_equal(opforge.add_one(X), X + 1)
+
+
+def run_python(code, **env):
+    """Runs `code` in a fresh interpreter (config is read once per process) and returns its
+    stdout; a crash (signal, abort) fails the test instead of killing pytest."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("OPFORGE_")}
+    full_env.update(env)
+    proc = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc.stdout
+
+
+# Prints "ok" or "<ExceptionType>: <message>" for each call, one per line.
+TRY = """
+import numpy as np, opforge
+def attempt(f):
+    try:
+        f()
+        print("ok")
+    except Exception as e:
+        print(f"{type(e).__name__}: {e}")
+x = np.ones(3, np.float32)
+"""
+
+
+def test_env_backend():
+    out = run_python(TRY + "attempt(lambda: opforge.add_one(x))", OPFORGE_BACKEND="cuda")
+    assert out.strip() == ("RuntimeError: add_one(): backend 'cuda' (forced by OPFORGE_BACKEND) "
+                           "cannot run on cpu tensors")
+
+
+def test_env_backend_unknown():
+    out = run_python(TRY + "attempt(lambda: opforge.add_one(x))", OPFORGE_BACKEND="add_one=nope")
+    assert out.startswith("ValueError: OPFORGE_BACKEND names unknown backend 'nope'")
+
+
+def test_config_file_per_op(tmp_path):
+    path = tmp_path / "opforge.json"
+    path.write_text(json.dumps({"ops": {"add": "cuda"}}))
+    out = run_python(TRY + "attempt(lambda: opforge.add(x, x))\nattempt(lambda: opforge.add_one(x))",
+                     OPFORGE_CONFIG=str(path))
+    add_line, add_one_line = out.splitlines()
+    assert add_line == f"RuntimeError: add(): backend 'cuda' (forced by config file {path}) cannot run on cpu tensors"
+    assert add_one_line == "ok"
+
+
+@pytest.mark.parametrize("text, match", [
+    ('{"ops": {"add": "cuda"},\n  "backend": }', r"invalid JSON: line 2, column \d+"),
+    ('{"colour": "blue"}', r"unknown key 'colour' \(expected backend, ops, num_threads\)"),
+    ('{"ops": {"nope": "cpu"}}', r"names unknown op 'nope'"),
+    ('{"num_threads": 0}', r"'num_threads' must be a .*number"),
+    ("[1, 2]", r"expected a JSON object, got array"),
+], ids=["syntax", "unknown-key", "unknown-op", "threads", "not-object"])
+def test_config_file_invalid(tmp_path, text, match):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    out = run_python(TRY + "attempt(lambda: opforge.add_one(x))", OPFORGE_CONFIG=str(path))
+    assert out.startswith(f"ValueError: config file {path}"), out
+    assert re.search(match, out), out
+
+
+def test_config_file_missing(tmp_path):
+    path = tmp_path / "absent.json"
+    out = run_python(TRY + "attempt(lambda: opforge.add_one(x))", OPFORGE_CONFIG=str(path))
+    assert out.strip() == f"ValueError: OPFORGE_CONFIG: cannot read {path}"
+
+
+def test_env_num_threads():
+    assert run_python("import opforge; print(opforge.num_threads())", OPFORGE_NUM_THREADS="1").strip() == "1"
+
+
+def test_env_simd_target_invalid_does_not_abort():
+    # A bad OPFORGE_SIMD is ignored at load (reported by `opforge info`), never an abort.
+    out = run_python("import opforge; print(opforge.simd_target() in opforge.simd_targets())", OPFORGE_SIMD="nope")
+    assert out.strip() == "True"

@@ -1,0 +1,125 @@
+"""The Python package's surface: op listing, generated functions, settings round trips."""
+
+import importlib.metadata
+import importlib.util
+import inspect
+import re
+
+import numpy as np
+import pytest
+
+import opforge
+
+OPS = [op["name"] for op in opforge.ops()]
+
+
+def parse_schema(schema):
+    """'rms_norm(Tensor x, Tensor weight, float eps=1e-6) -> Tensor' -> name, [(kind, arg, default)].
+    Parsed here from the text, independently of the C++ schema parser."""
+    m = re.fullmatch(r"(\w+)\((.*)\) -> (.+)", schema)
+    assert m, schema
+    args = []
+    for item in filter(None, (s.strip() for s in m.group(2).split(","))):
+        kind, rest = item.split(" ", 1)
+        name, _, default = rest.partition("=")
+        args.append((kind, name, default or None))
+    return m.group(1), args
+
+
+def test_ops_listed():
+    assert {"add", "add_one", "rms_norm"} <= set(OPS)
+    assert OPS == opforge._core.op_names()
+    for op in opforge.ops():
+        assert set(op) >= {"name", "schema", "doc", "args", "kernels"}
+        assert op["schema"].startswith(op["name"] + "(")
+        assert op["doc"]
+        # Every dtype the declaration accepts must have a CPU kernel, or calls would fail late.
+        cpu = [k for k in op["kernels"] if k["backend"] == "cpu"]
+        assert len(cpu) == 1, op["kernels"]
+        first_tensor = next(a for a in op["args"] if a["kind"].startswith("Tensor"))
+        assert set(first_tensor["dtypes"]) <= set(cpu[0]["dtypes"])
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_function_matches_schema(name):
+    function = getattr(opforge, name)
+    op = opforge._core.op(name)
+    schema_name, args = parse_schema(op.schema)
+    assert function.__name__ == schema_name == name
+    params = list(inspect.signature(function).parameters.values())
+    assert [p.name for p in params] == [a for _, a, _ in args]
+    for p, (kind, _, default) in zip(params, args):
+        if default is None:
+            assert p.default is inspect.Parameter.empty
+        else:
+            convert = {"float": float, "int": int, "bool": lambda s: s == "True"}.get(kind, str)
+            assert p.default == convert(default)
+    assert op.schema in function.__doc__
+    assert op.doc in function.__doc__
+
+
+def test_function_binds_like_its_signature(rng):
+    x = rng.standard_normal((2, 5))
+    w = rng.standard_normal(5)
+    want = opforge.rms_norm(x, w, 1e-3)
+    for got in (opforge.rms_norm(x, weight=w, eps=1e-3), opforge.rms_norm(eps=1e-3, weight=w, x=x)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_info():
+    info = opforge.info()
+    assert set(info) >= {"version", "simd_compiled", "simd_supported", "simd_chosen", "backends",
+                         "built_with_cuda", "num_threads", "ops"}
+    assert info["version"] == opforge.__version__ == importlib.metadata.version("opforge")
+    assert info["ops"] == OPS
+    assert info["num_threads"] == opforge.num_threads() >= 1
+    cpu = next(b for b in info["backends"] if b["name"] == "cpu")
+    assert cpu["available"] and cpu["device"] == "cpu"
+    for b in info["backends"]:
+        assert b["available"] or b["reason"], b  # an unavailable backend says why
+
+
+def test_simd_targets():
+    supported = opforge.simd_targets()
+    assert supported and set(supported) <= set(opforge.simd_targets_compiled())
+    try:
+        for target in supported:
+            opforge.set_simd_target(target)
+            assert opforge.simd_target() == target
+    finally:
+        opforge.set_simd_target("")
+    assert opforge.simd_target() == supported[0]  # automatic choice: the best target
+
+
+def test_num_threads_round_trip():
+    before = opforge.num_threads()
+    try:
+        for n in (1, 3, before):
+            opforge.set_num_threads(n)
+            assert opforge.num_threads() == n
+    finally:
+        opforge.set_num_threads(before)
+
+
+@pytest.mark.parametrize("name", ["add", "add_one", "rms_norm"])
+def test_results_independent_of_thread_count(simd_target, rng, name):
+    # Work is split by rows or element ranges, never by partial sums, so the split may not
+    # change a single bit.
+    x = rng.standard_normal((512, 2048)).astype(np.float32)
+    args = {"add": (x, x[0]), "add_one": (x,), "rms_norm": (x, x[1])}[name]
+    before = opforge.num_threads()
+    try:
+        results = []
+        for n in (1, 2):
+            opforge.set_num_threads(n)
+            results.append(getattr(opforge, name)(*args))
+    finally:
+        opforge.set_num_threads(before)
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("opforge.cli") is None, reason="opforge.cli not written yet")
+def test_console_script():
+    (script,) = importlib.metadata.entry_points(group="console_scripts", name="opforge")
+    assert script.value == "opforge.cli:main"
+    assert callable(script.load())
