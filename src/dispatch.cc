@@ -3,6 +3,7 @@
 #include "opforge/dispatch.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -48,6 +49,17 @@ void check_names(const std::string& op, const std::string& backend, const std::s
     fail(ErrorKind::value, source, " names unknown backend '", backend, "' (known: ", known_backends(), ")");
 }
 
+// One override read from the environment or the config file. An empty backend name would
+// reach select_kernel as a null backend, so it is an error here.
+void add_override(std::map<std::string, Override>& out, const std::string& op, const std::string& backend,
+                  const std::string& source) {
+  if (backend.empty())
+    fail(ErrorKind::value, source, " names no backend", op.empty() ? "" : " for op '" + op + "'",
+         " (known: ", known_backends(), ")");
+  check_names(op, backend, source);
+  out[op] = {backend, source};
+}
+
 // OPFORGE_BACKEND: "cpu" (every op), "rms_norm=cpu,add=cuda", or both mixed.
 void read_environment(std::map<std::string, Override>& out) {
   const char* env = std::getenv("OPFORGE_BACKEND");
@@ -59,8 +71,7 @@ void read_environment(std::map<std::string, Override>& out) {
     auto eq = item.find('=');
     std::string op = eq == std::string::npos ? "" : item.substr(0, eq);
     std::string backend = eq == std::string::npos ? item : item.substr(eq + 1);
-    check_names(op, backend, "OPFORGE_BACKEND");
-    out[op] = {backend, "OPFORGE_BACKEND"};
+    add_override(out, op, backend, "OPFORGE_BACKEND");
   }
 }
 
@@ -84,19 +95,21 @@ void read_config_file(std::map<std::string, Override>& out) {
   for (const auto& [key, value] : doc.object()) {
     if (key == "backend") {
       if (!value.is_string()) fail(ErrorKind::value, source, ": 'backend' must be a string, got ", value.type_name());
-      check_names("", value.string(), source);
-      out[""] = {value.string(), source};
+      add_override(out, "", value.string(), source);
     } else if (key == "ops") {
       if (!value.is_object()) fail(ErrorKind::value, source, ": 'ops' must be an object, got ", value.type_name());
       for (const auto& [op, backend] : value.object()) {
         if (!backend.is_string())
           fail(ErrorKind::value, source, ": 'ops.", op, "' must be a backend name, got ", backend.type_name());
-        check_names(op, backend.string(), source);
-        out[op] = {backend.string(), source};
+        add_override(out, op, backend.string(), source);
       }
     } else if (key == "num_threads") {
-      if (!value.is_number() || value.number() < 1)
-        fail(ErrorKind::value, source, ": 'num_threads' must be a number >= 1");
+      // Checked before the cast: 2.5 would truncate silently and 1e999 (inf) is undefined.
+      const bool whole = value.is_number() && value.number() >= 1 && value.number() <= 65536 &&
+                         value.number() == std::floor(value.number());
+      if (!whole)
+        fail(ErrorKind::value, source, ": 'num_threads' must be a whole number in [1, 65536], got ",
+             value.is_number() ? str(value.number()) : std::string(value.type_name()));
       set_num_threads(static_cast<int64_t>(value.number()));
     } else {
       fail(ErrorKind::value, source, ": unknown key '", key, "' (expected backend, ops, num_threads)");

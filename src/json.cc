@@ -113,14 +113,28 @@ class Reader {
     return out;
   }
 
+  // JSON's number grammar, checked before strtod reads the span: strtod alone would also take
+  // "inf", "nan" and hex ("num_threads": -inf would then reach an integer cast).
   double number() {
-    const char* begin = s_.data() + i_;
-    char* end = nullptr;
-    std::string token(begin, std::min<size_t>(s_.size() - i_, 64));
-    double v = std::strtod(token.c_str(), &end);
-    if (end == token.c_str()) error("invalid number");
-    i_ += static_cast<size_t>(end - token.c_str());
-    return v;
+    const size_t start = i_;
+    auto digits = [&] {
+      const size_t from = i_;
+      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+      return i_ > from;
+    };
+    if (s_[i_] == '-') ++i_;
+    bool ok = digits();
+    if (ok && i_ < s_.size() && s_[i_] == '.') ++i_, ok = digits();
+    if (ok && i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
+      ++i_;
+      if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
+      ok = digits();
+    }
+    if (!ok) {
+      i_ = start;
+      error("invalid number");
+    }
+    return std::strtod(std::string(s_.substr(start, i_ - start)).c_str(), nullptr);
   }
 
   std::string_view s_;

@@ -35,10 +35,8 @@ class Pool {
  public:
   ~Pool() { stop(); }
 
-  int64_t size() {
-    std::lock_guard lock(submit_);
-    return threads_;
-  }
+  // Lock-free: a body running on the pool may ask, and the pool is busy until it returns.
+  int64_t size() const { return threads_.load(); }
 
   void resize(int64_t n) {
     std::lock_guard lock(submit_);
@@ -47,9 +45,14 @@ class Pool {
   }
 
   void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+    // Checked before locking: the thread running a job already holds submit_.
+    if (in_pool_task) {
+      body(0, n);
+      return;
+    }
     std::unique_lock submit(submit_, std::try_to_lock);
-    const int64_t chunks = std::min((n + grain - 1) / grain, submit.owns_lock() ? threads_ * 4 : 1);
-    if (chunks <= 1 || in_pool_task) {
+    const int64_t chunks = std::min((n + grain - 1) / grain, submit.owns_lock() ? threads_.load() * 4 : 1);
+    if (chunks <= 1) {
       body(0, n);
       return;
     }
@@ -61,7 +64,8 @@ class Pool {
       done_.wait(lock, [&] { return active_ == 0; });
       body_ = &body;
       n_ = n;
-      chunk_ = (n + chunks - 1) / chunks;
+      // Never below the grain: ceil(n / chunks) alone gives 3 for n=9, grain=4.
+      chunk_ = std::max(grain, (n + chunks - 1) / chunks);
       chunks_ = (n + chunk_ - 1) / chunk_;
       next_ = 0;
       pending_ = chunks_;
@@ -132,7 +136,7 @@ class Pool {
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   std::vector<std::thread> workers_;
-  int64_t threads_ = default_threads();
+  std::atomic<int64_t> threads_{default_threads()};
   bool stopping_ = false;
   uint64_t generation_ = 0;
   const std::function<void(int64_t, int64_t)>* body_ = nullptr;

@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "opforge/backend.h"
 #include "opforge/dispatch.h"
 #include "opforge/error.h"
 #include "opforge/registry.h"
@@ -59,6 +61,26 @@ std::string error_message(F&& f) {
   ADD_FAILURE() << "expected an opforge::Error";
   return "";
 }
+
+// A CUDA-typed backend that is never available, like the real one on a machine without GPUs;
+// registered once per test binary, as a device plugin would register its backend.
+class FakeGpu final : public Backend {
+ public:
+  std::string name() const override { return "fake_gpu"; }
+  DeviceType device_type() const override { return DeviceType::cuda; }
+  bool available() const override { return false; }
+  std::string unavailable_reason() const override { return "fake device for tests"; }
+  int score() const override { return 5; }
+  int64_t device_count() const override { return 0; }
+  void* allocate(int64_t, Device, void*) override { return nullptr; }
+  void release(void*, Device) override {}
+  void copy(void*, const void*, int64_t, void*) override {}
+  void synchronize(Device, void*) override {}
+};
+[[maybe_unused]] inline const bool fake_gpu_registered = [] {
+  register_backend(std::make_unique<FakeGpu>());
+  return true;
+}();
 
 inline TensorView view(void* data, DType dtype, std::vector<int64_t> shape,
                        std::vector<int64_t> strides = {}, Device device = {}) {
