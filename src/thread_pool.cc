@@ -53,7 +53,17 @@ class Pool {
     std::unique_lock submit(submit_, std::try_to_lock);
     const int64_t chunks = std::min((n + grain - 1) / grain, submit.owns_lock() ? threads_.load() * 4 : 1);
     if (chunks <= 1) {
-      body(0, n);
+      // Inline, but still a task: nested calls stay inline and resizing is refused, the same
+      // whether or not the pool happened to be free.
+      if (submit.owns_lock()) submit.unlock();
+      in_pool_task = true;
+      try {
+        body(0, n);
+      } catch (...) {
+        in_pool_task = false;
+        throw;
+      }
+      in_pool_task = false;
       return;
     }
     if (workers_.empty()) start();
@@ -156,6 +166,8 @@ int64_t num_threads() { return pool().size(); }
 
 void set_num_threads(int64_t n) {
   if (n < 1) fail(ErrorKind::value, "set_num_threads(): 'n' must be >= 1, got ", n);
+  // Resizing joins the workers, which would wait forever on the task calling it.
+  if (in_pool_task) fail(ErrorKind::runtime, "set_num_threads(): cannot be called from inside a parallel_for task");
   pool().resize(n);
 }
 

@@ -156,3 +156,17 @@ TEST_F(ThreadPool, ResizeBetweenJobs) {
 
 }  // namespace
 }  // namespace opforge
+
+// Resizing from inside a task would join the worker running it: an error, not a hang.
+TEST(ThreadPoolTask, SetNumThreadsInsideTaskIsAnError) {
+  bool raised = false;
+  opforge::parallel_for(1, 1, [&](int64_t, int64_t) {
+    try {
+      opforge::set_num_threads(2);
+    } catch (const opforge::Error& e) {
+      raised = e.kind() == opforge::ErrorKind::runtime &&
+               std::string(e.what()).find("inside a parallel_for task") != std::string::npos;
+    }
+  });
+  EXPECT_TRUE(raised);
+}
