@@ -21,23 +21,34 @@ import opforge
 DTYPE = "float32"
 
 
+def _adapter(module: str, name: str):
+    """opforge's function for op `name` in the framework adapter `module`, if it loads."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
 def _framework(name: str):
-    """(to_native, to_numpy, sync, jit) for an installed framework, or None."""
+    """(to_native, to_numpy, sync, jit, adapter) for an installed framework, or None.
+    `adapter` is the module through which that framework's users call opforge (the
+    framework's own adapter where it is built); the generic DLPack call otherwise."""
     if name == "numpy":
-        return (lambda a: a.astype(DTYPE), np.asarray, lambda r: r, lambda f: f)
+        return (lambda a: a.astype(DTYPE), np.asarray, lambda r: r, lambda f: f, "opforge")
     if importlib.util.find_spec(name) is None:
         return None
     if name == "torch":
         import torch
 
-        return (lambda a: torch.from_numpy(a.astype(DTYPE)), lambda t: t.numpy(), lambda r: r, lambda f: f)
+        return (lambda a: torch.from_numpy(a.astype(DTYPE)), lambda t: t.numpy(), lambda r: r, lambda f: f,
+                "opforge.torch")
     if name == "jax":
         import jax
 
         def sync(r):
             return r.block_until_ready() if hasattr(r, "block_until_ready") else r
 
-        return (lambda a: jax.device_put(a.astype(DTYPE)), np.asarray, sync, jax.jit)
+        return (lambda a: jax.device_put(a.astype(DTYPE)), np.asarray, sync, jax.jit, "opforge.jax")
     return None
 
 
@@ -60,23 +71,29 @@ def _rows(frameworks, rows, cols, repeats):
             yield {"op": name, "framework": "-", "note": "no reference.py"}
             continue
         arrays, attrs = ref.sample(rng, rows=rows, cols=cols)
-        op = getattr(opforge, name)
         for fw in frameworks:
             tools = _framework(fw)
             if tools is None or not hasattr(ref, fw):
                 continue
-            to_native, to_numpy, sync, jit = tools
+            to_native, to_numpy, sync, jit, adapter = tools
+            fn = _adapter(adapter, name)
+            if fn is None:  # adapter not built: the generic DLPack call still works
+                adapter, fn = "opforge", getattr(opforge, name)
             args = [sync(to_native(a)) for a in arrays]
+            # Attributes are static: close over them, and jit both sides alike.
+            ours_call = jit(lambda *a, _f=fn: _f(*a, **attrs)) if adapter == "opforge.jax" else (
+                lambda *a, _f=fn: _f(*a, **attrs))
             native = jit(lambda *a, _f=getattr(ref, fw): _f(*a, **attrs))
-            got = to_numpy(op(*args, **attrs)).astype(np.float64)
+            got = to_numpy(sync(ours_call(*args))).astype(np.float64)
             want = to_numpy(sync(native(*args))).astype(np.float64)
             scale = max(1.0, float(np.abs(want).max(initial=0.0)))
-            ours = _median_us(lambda: op(*args, **attrs), sync, repeats)
+            ours = _median_us(lambda: ours_call(*args), sync, repeats)
             theirs = _median_us(lambda: native(*args), sync, repeats)
             yield {
                 "op": name,
                 "framework": fw,
-                "backend": op.op.backend_for(*args, **attrs),
+                "backend": getattr(opforge, name).op.backend_for(*args, **attrs),
+                "path": adapter + (" (jit)" if adapter == "opforge.jax" else ""),
                 "dtype": DTYPE,
                 "shape": "x".join(map(str, arrays[0].shape)),
                 "max_error": float(np.abs(got - want).max(initial=0.0)) / scale,
@@ -93,23 +110,27 @@ def run_tour(frameworks, rows=512, cols=1024, repeats=30, csv_path=None) -> int:
           f"backends: " + ", ".join(b["name"] + ("" if b["available"] else " (unavailable)") for b in info["backends"]))
     print("max error: max |opforge - reference| / max(1, max |reference|); "
           "ratio: reference time / opforge time (>1: opforge faster)\n")
-    header = f"{'op':<10} {'framework':<10} {'backend':<8} {'shape':<10} {'max error':>10} {'opforge µs':>11} {'native µs':>10} {'ratio':>7}"
+    header = (f"{'op':<18} {'framework':<10} {'opforge via':<20} {'backend':<8} {'shape':<10} {'max error':>10} "
+              f"{'opforge µs':>11} {'native µs':>10} {'ratio':>7}")
     print(header)
     print("-" * len(header))
     rows_out = []
+    skipped = []
     failures = 0
     for r in _rows(frameworks, rows, cols, repeats):
         rows_out.append(r)
         if "note" in r:
-            print(f"{r['op']:<10} {r['note']}")
+            skipped.append(r["op"])
             continue
         flag = "" if r["max_error"] < 1e-4 else "  <-- MISMATCH"
         failures += bool(flag)
-        print(f"{r['op']:<10} {r['native']:<10} {r['backend']:<8} {r['shape']:<10} {r['max_error']:>10.2e} "
+        print(f"{r['op']:<18} {r['native']:<10} {r['path']:<20} {r['backend']:<8} {r['shape']:<10} {r['max_error']:>10.2e} "
               f"{r['opforge_us']:>11.1f} {r['native_us']:>10.1f} {r['ratio']:>6.2f}x{flag}")
+    if skipped:
+        print(f"\nwithout a reference.py (backward ops are checked through autograd in the tests): {', '.join(skipped)}")
     if csv_path:
         with open(csv_path, "w", newline="") as f:
-            fields = ["op", "framework", "backend", "dtype", "shape", "max_error", "opforge_us", "native_us", "ratio"]
+            fields = ["op", "framework", "path", "backend", "dtype", "shape", "max_error", "opforge_us", "native_us", "ratio"]
             writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(r for r in rows_out if "note" not in r)
