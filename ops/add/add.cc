@@ -8,6 +8,7 @@ OPFORGE_OP(add) {
       .dtypes("x", {DType::float32, DType::float64, DType::float16, DType::bfloat16, DType::int32,
                     DType::int64})
       .same_dtype("y", "x")
+      .backward("add_backward", {"x", "y"})
       .maps_over_leading_dims({"x", "y"})
       .shape([](const opforge::ShapeContext& c) {
         return opforge::Outputs{{c.tensor("x").dtype, c.broadcast("x", "y")}};

@@ -7,6 +7,7 @@ OPFORGE_OP(add_one) {
       .doc("Returns x + 1, elementwise, in x's dtype.")
       .dtypes("x", {DType::float32, DType::float64, DType::float16, DType::bfloat16, DType::int32,
                     DType::int64})
+      .backward("add_one_backward", {"x"})
       .maps_over_leading_dims({"x"})
       .shape([](const opforge::ShapeContext& c) { return opforge::Outputs{c.like("x")}; });
 }

@@ -9,6 +9,7 @@ OPFORGE_OP(rms_norm) {
       .same_dtype("weight", "x")
       .rank("x", 1)
       .rank("weight", 1, 1)
+      .backward("rms_norm_backward", {"x", "weight"})
       .maps_over_leading_dims({"x"})
       .shape([](const opforge::ShapeContext& c) {
         c.expect_shape("weight", {c.tensor("x").size(-1)});

@@ -1,0 +1,144 @@
+// rms_norm_backward on the CPU. Rows are cut into a number of chunks that depends on the
+// shape only; each chunk runs on one thread, row by row: one SIMD pass for sum(x^2) and
+// sum(g*w*x), one that writes grad_x and adds g*x*inv into the chunk's own grad_weight
+// partial. The partials are then added in chunk order, so grad_weight is bitwise the same
+// whatever the thread count.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/rms_norm_backward/rms_norm_backward_cpu.cc"
+#include <hwy/foreach_target.h>  // re-includes this file once per target
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "opforge/cpu/simd-inl.h"
+#include "opforge/cpu/strided.h"
+#include "opforge/cpu/visit.h"
+#include "opforge/registry.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace opforge::rms_norm_backward_cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using namespace opforge::cpu::HWY_NAMESPACE;
+
+constexpr int64_t kWork = 1 << 15;  // elements per chunk, roughly
+constexpr int64_t kMaxChunks = 64;
+
+// One row: g, x, w and gx are contiguous rows of n elements; gw accumulates grad_weight.
+template <typename T>
+void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT gw, const T* HWY_RESTRICT g, const T* HWY_RESTRICT x,
+         const T* HWY_RESTRICT w, int64_t n, double eps) {
+  using C = Compute<T>;
+  const hn::ScalableTag<C> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  // Two accumulators per sum hide FMA latency without spilling registers.
+  auto ss0 = hn::Zero(d), ss1 = hn::Zero(d), dot0 = hn::Zero(d), dot1 = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    const auto x0 = LoadAs(d, x + i), x1 = LoadAs(d, x + i + lanes);
+    ss0 = hn::MulAdd(x0, x0, ss0);
+    ss1 = hn::MulAdd(x1, x1, ss1);
+    dot0 = hn::MulAdd(hn::Mul(LoadAs(d, g + i), LoadAs(d, w + i)), x0, dot0);
+    dot1 = hn::MulAdd(hn::Mul(LoadAs(d, g + i + lanes), LoadAs(d, w + i + lanes)), x1, dot1);
+  }
+  for (; i + lanes <= n; i += lanes) {
+    const auto xv = LoadAs(d, x + i);
+    ss0 = hn::MulAdd(xv, xv, ss0);
+    dot0 = hn::MulAdd(hn::Mul(LoadAs(d, g + i), LoadAs(d, w + i)), xv, dot0);
+  }
+  C ss = hn::GetLane(hn::SumOfLanes(d, hn::Add(ss0, ss1)));
+  C dot = hn::GetLane(hn::SumOfLanes(d, hn::Add(dot0, dot1)));
+  for (; i < n; ++i) {
+    const C xi = ToCompute(x[i]);
+    ss += xi * xi;
+    dot += ToCompute(g[i]) * ToCompute(w[i]) * xi;
+  }
+  const C inv = C(1) / std::sqrt(ss / static_cast<C>(n) + static_cast<C>(eps));
+  const C coef = inv * inv * (dot / static_cast<C>(n));  // grad_x = inv * (g*w - x*coef)
+  const auto vinv = hn::Set(d, inv), vcoef = hn::Set(d, coef);
+  i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto gv = LoadAs(d, g + i), xv = LoadAs(d, x + i);
+    StoreAs(d, hn::Mul(vinv, hn::NegMulAdd(xv, vcoef, hn::Mul(gv, LoadAs(d, w + i)))), gx + i);
+    hn::StoreU(hn::MulAdd(hn::Mul(gv, xv), vinv, hn::LoadU(d, gw + i)), d, gw + i);
+  }
+  for (; i < n; ++i) {
+    const C gi = ToCompute(g[i]), xi = ToCompute(x[i]);
+    gx[i] = FromCompute<T>(inv * (gi * ToCompute(w[i]) - xi * coef));
+    gw[i] += gi * xi * inv;
+  }
+}
+
+// Row r of t (rank >= 1, last dim n) as a contiguous pointer, gathered into buf if strided.
+template <typename T>
+const T* RowOf(const TensorView& t, int64_t r, int64_t n, std::vector<T>& buf) {
+  const T* row = t.data_as<const T>() + cpu::offset_of(r, t.shape.data(), t.strides.data(), t.rank() - 1);
+  const int64_t step = t.stride(-1);
+  if (step == 1) return row;
+  buf.resize(n);
+  for (int64_t i = 0; i < n; ++i) buf[i] = row[i * step];
+  return buf.data();
+}
+
+template <typename T>
+void Backward(const KernelCall& call) {
+  using C = Compute<T>;
+  const TensorView& grad = call.tensor("grad");
+  const TensorView& x = call.tensor("x");
+  const TensorView& weight = call.tensor("weight");
+  T* gx = call.output(0).data_as<T>();
+  const TensorView& gw_out = call.output(1);
+  const double eps = call.attr_float("eps");
+  const int64_t n = x.size(-1);
+  if (n == 0) return;
+  const int64_t rows = x.numel() / n;
+  if (rows == 0) {  // no rows: grad_weight is an empty sum
+    std::memset(gw_out.data, 0, static_cast<size_t>(gw_out.nbytes()));
+    return;
+  }
+  std::vector<T> weight_copy;
+  const T* w = RowOf(weight, 0, n, weight_copy);
+  // Chunks: a function of the shape, never of the thread count. At most rows/8 of them, so
+  // the partials stay a small fraction of x.
+  const int64_t want = (rows * n + kWork - 1) / kWork;
+  const int64_t chunks = std::clamp<int64_t>(want, 1, std::min<int64_t>(kMaxChunks, std::max<int64_t>(1, rows / 8)));
+  std::vector<C> partial(chunks * n, C(0));
+  parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> g_buf, x_buf;
+    for (int64_t k = begin; k < end; ++k)
+      for (int64_t r = rows * k / chunks; r < rows * (k + 1) / chunks; ++r)
+        Row(gx + r * n, partial.data() + k * n, RowOf(grad, r, n, g_buf), RowOf(x, r, n, x_buf), w, n, eps);
+  });
+  // Chunk order, elementwise: partial[0..n) += partial[k*n..] for k = 1, 2, ...
+  const hn::ScalableTag<C> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  T* gw = gw_out.data_as<T>();
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    auto sum = hn::LoadU(d, partial.data() + i);
+    for (int64_t k = 1; k < chunks; ++k) sum = hn::Add(sum, hn::LoadU(d, partial.data() + k * n + i));
+    StoreAs(d, sum, gw + i);
+  }
+  for (; i < n; ++i) {
+    C sum = partial[i];
+    for (int64_t k = 1; k < chunks; ++k) sum += partial[k * n + i];
+    gw[i] = FromCompute<T>(sum);
+  }
+}
+
+void Run(const KernelCall& call) {
+  cpu::visit_float(call.tensor("grad").dtype, "rms_norm_backward", [&](auto tag) { Backward<decltype(tag)>(call); });
+}
+
+}  // namespace opforge::rms_norm_backward_cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace opforge::rms_norm_backward_cpu {
+HWY_EXPORT(Run);
+void run(const KernelCall& call) { HWY_DYNAMIC_DISPATCH(Run)(call); }
+OPFORGE_KERNEL(rms_norm_backward, "cpu", float_dtypes(), run);
+}  // namespace opforge::rms_norm_backward_cpu
+#endif

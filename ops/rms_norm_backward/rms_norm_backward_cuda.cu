@@ -1,0 +1,129 @@
+// rms_norm_backward on CUDA, in three launches on the caller's stream:
+//   rows:    one block per row; block sums of x^2 and g*w*x, then grad_x, and inv kept
+//   partial: thread per column per fixed chunk of rows; sums g*x*inv down the chunk
+//   combine: thread per column; adds the chunk partials in chunk order
+// Chunk count and every summation order depend on the shape only: grad_weight is bitwise
+// repeatable. inv and the partials live in a stream-ordered workspace.
+#include <cmath>
+
+#include "opforge/cuda/common.cuh"
+#include "opforge/registry.h"
+
+namespace opforge::rms_norm_backward_cuda {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxChunks = 64;
+
+template <typename T>
+__global__ void rows_kernel(T* gx, cuda::Acc<T>* inv_out, const T* g, cuda::Indexer g_rows, int64_t g_step,
+                            const T* x, cuda::Indexer x_rows, int64_t x_step, const T* w, int64_t w_step,
+                            int64_t rows, int64_t n, double eps) {
+  using A = cuda::Acc<T>;
+  __shared__ A ss_part[kThreads];
+  __shared__ A dot_part[kThreads];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* grow = g + g_rows.offset(r);
+    const T* xrow = x + x_rows.offset(r);
+    A ss = 0, dot = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const A xi = cuda::load(xrow + i * x_step);
+      ss += xi * xi;
+      dot += cuda::load(grow + i * g_step) * cuda::load(w + i * w_step) * xi;
+    }
+    ss_part[threadIdx.x] = ss;
+    dot_part[threadIdx.x] = dot;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s /= 2) {
+      if (threadIdx.x < s) {
+        ss_part[threadIdx.x] += ss_part[threadIdx.x + s];
+        dot_part[threadIdx.x] += dot_part[threadIdx.x + s];
+      }
+      __syncthreads();
+    }
+    const A inv = A(1) / sqrt(ss_part[0] / A(n) + A(eps));
+    const A coef = inv * inv * (dot_part[0] / A(n));
+    __syncthreads();  // the sums are read above before the next row overwrites them
+    if (threadIdx.x == 0) inv_out[r] = inv;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const A gw = cuda::load(grow + i * g_step) * cuda::load(w + i * w_step);
+      cuda::store(gx + r * n + i, inv * (gw - cuda::load(xrow + i * x_step) * coef));
+    }
+  }
+}
+
+template <typename T>
+__global__ void partial_kernel(cuda::Acc<T>* partial, const cuda::Acc<T>* inv, const T* g, cuda::Indexer g_rows,
+                               int64_t g_step, const T* x, cuda::Indexer x_rows, int64_t x_step, int64_t rows,
+                               int64_t n, int64_t chunks) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t k = blockIdx.y;
+  if (i >= n) return;
+  cuda::Acc<T> sum = 0;
+  for (int64_t r = rows * k / chunks; r < rows * (k + 1) / chunks; ++r)
+    sum += cuda::load(g + g_rows.offset(r) + i * g_step) * cuda::load(x + x_rows.offset(r) + i * x_step) * inv[r];
+  partial[k * n + i] = sum;
+}
+
+template <typename T>
+__global__ void combine_kernel(T* gw, const cuda::Acc<T>* partial, int64_t n, int64_t chunks) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    cuda::Acc<T> sum = partial[i];
+    for (int64_t k = 1; k < chunks; ++k) sum += partial[k * n + i];
+    cuda::store(gw + i, sum);
+  }
+}
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) fail(ErrorKind::runtime, "rms_norm_backward(): ", what, " failed: ", cudaGetErrorString(status));
+}
+
+cuda::Indexer rows_of(const TensorView& t) {
+  std::vector<int64_t> outer(t.shape.begin(), t.shape.end() - 1);
+  std::vector<int64_t> outer_strides(t.strides.begin(), t.strides.end() - 1);
+  return cuda::make_indexer("rms_norm_backward", outer, outer_strides);
+}
+
+void run(const KernelCall& call) {
+  const TensorView& g = call.tensor("grad");
+  const TensorView& x = call.tensor("x");
+  const TensorView& w = call.tensor("weight");
+  const TensorView& gx = call.output(0);
+  const TensorView& gw = call.output(1);
+  cudaStream_t stream = cuda::stream_of(call);
+  const int64_t n = x.size(-1);
+  if (n == 0) return;
+  const int64_t rows = x.numel() / n;
+  if (rows == 0) {  // no rows: grad_weight is an empty sum
+    check(cudaMemsetAsync(gw.data, 0, gw.nbytes(), stream), "cudaMemsetAsync");
+    return;
+  }
+  const auto g_rows = rows_of(g), x_rows = rows_of(x);
+  const int64_t chunks = rows < kMaxChunks ? rows : kMaxChunks;
+  cuda::visit(g.dtype, "rms_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_integral_v<T>) {
+      fail(ErrorKind::not_implemented, "rms_norm_backward(): no integer kernel");
+    } else {
+      using A = cuda::Acc<T>;
+      A* workspace = nullptr;
+      check(cudaMallocAsync(reinterpret_cast<void**>(&workspace), sizeof(A) * (rows + chunks * n), stream),
+            "cudaMallocAsync");
+      A* inv = workspace;
+      A* partial = workspace + rows;
+      const unsigned row_blocks = static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16);
+      rows_kernel<T><<<row_blocks, kThreads, 0, stream>>>(
+          gx.data_as<T>(), inv, g.data_as<const T>(), g_rows, g.stride(-1), x.data_as<const T>(), x_rows,
+          x.stride(-1), w.data_as<const T>(), w.stride(0), rows, n, call.attr_float("eps"));
+      const dim3 grid(static_cast<unsigned>((n + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
+      partial_kernel<T><<<grid, kThreads, 0, stream>>>(partial, inv, g.data_as<const T>(), g_rows, g.stride(-1),
+                                                       x.data_as<const T>(), x_rows, x.stride(-1), rows, n, chunks);
+      combine_kernel<T><<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(gw.data_as<T>(), partial, n, chunks);
+      check(cudaFreeAsync(workspace, stream), "cudaFreeAsync");  // first, so a failed launch leaks nothing
+      cuda::check_launch("rms_norm_backward");
+    }
+  });
+}
+
+OPFORGE_KERNEL(rms_norm_backward, "cuda", float_dtypes(), run);
+
+}  // namespace opforge::rms_norm_backward_cuda
