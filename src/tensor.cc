@@ -85,6 +85,13 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
   return strides;
 }
 
+std::vector<int64_t> broadcast_strides(const TensorView& t, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> out(shape.size(), 0);
+  const size_t lead = shape.size() - t.shape.size();
+  for (size_t i = 0; i < t.shape.size(); ++i) out[lead + i] = t.shape[i] == 1 ? 0 : t.strides[i];
+  return out;
+}
+
 TensorView from_dlpack(const DLTensor& t) {
   TensorView view;
   bool known = false;

@@ -36,6 +36,10 @@ struct TensorView {
 // Row-major strides for `shape`.
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape);
 
+// Strides of `t` broadcast against `shape` (aligned right, NumPy rules): 0 where t has size 1
+// or lacks the dimension. Kernels of broadcasting ops walk their inputs with these.
+std::vector<int64_t> broadcast_strides(const TensorView& t, const std::vector<int64_t>& shape);
+
 // A view of a DLPack tensor (no copy). Throws Error(type) for dtypes or devices opforge
 // does not know; the byte offset is folded into the data pointer.
 TensorView from_dlpack(const DLTensor& tensor);

@@ -33,7 +33,7 @@ void Run(const KernelCall& call) {
     T* dst = out.data_as<T>();
     cpu::for_each_row<3>(
         out.shape,
-        {contiguous_strides(out.shape), cpu::broadcast_strides(x, out.shape), cpu::broadcast_strides(y, out.shape)},
+        {contiguous_strides(out.shape), broadcast_strides(x, out.shape), broadcast_strides(y, out.shape)},
         1 << 15, [&](const cpu::Row<3>& r) {
           BinaryRow(dst + r.offsets[0], a + r.offsets[1], r.inner[1], b + r.offsets[2], r.inner[2], r.len, Plus{});
         });

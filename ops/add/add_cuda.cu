@@ -4,13 +4,6 @@
 
 namespace opforge::add_cuda {
 
-std::vector<int64_t> broadcast_strides(const TensorView& t, const std::vector<int64_t>& shape) {
-  std::vector<int64_t> out(shape.size(), 0);
-  const size_t lead = shape.size() - t.shape.size();
-  for (size_t i = 0; i < t.shape.size(); ++i) out[lead + i] = t.shape[i] == 1 ? 0 : t.strides[i];
-  return out;
-}
-
 template <typename T>
 __global__ void kernel(T* out, const T* x, cuda::Indexer ix, const T* y, cuda::Indexer iy, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)

@@ -35,10 +35,10 @@ int64_t numel(const std::vector<int64_t>& shape) {
 
 TEST(Strided, BroadcastStridesExamples) {
   using V = std::vector<int64_t>;
-  EXPECT_EQ(cpu::broadcast_strides(view(nullptr, DType::float32, {3, 1}, {1, 1}), {2, 3, 4}), (V{0, 1, 0}));
-  EXPECT_EQ(cpu::broadcast_strides(view(nullptr, DType::float32, {4}), {2, 3, 4}), (V{0, 0, 1}));
-  EXPECT_EQ(cpu::broadcast_strides(view(nullptr, DType::float32, {}), {2, 3}), (V{0, 0}));
-  EXPECT_EQ(cpu::broadcast_strides(view(nullptr, DType::float32, {2, 3}, {1, 2}), {2, 3}), (V{1, 2}));
+  EXPECT_EQ(broadcast_strides(view(nullptr, DType::float32, {3, 1}, {1, 1}), {2, 3, 4}), (V{0, 1, 0}));
+  EXPECT_EQ(broadcast_strides(view(nullptr, DType::float32, {4}), {2, 3, 4}), (V{0, 0, 1}));
+  EXPECT_EQ(broadcast_strides(view(nullptr, DType::float32, {}), {2, 3}), (V{0, 0}));
+  EXPECT_EQ(broadcast_strides(view(nullptr, DType::float32, {2, 3}, {1, 2}), {2, 3}), (V{1, 2}));
 }
 
 TEST(Strided, OffsetOf) {
@@ -77,7 +77,7 @@ Layout random_layout(std::mt19937& rng) {
   for (auto& s : bshape)
     if (pick(rng) < 4) s = 1;
   TensorView b = view(nullptr, DType::float32, bshape);
-  l.strides[1] = cpu::broadcast_strides(b, l.shape);
+  l.strides[1] = broadcast_strides(b, l.shape);
 
   // Permuted operand: a contiguous buffer of a permuted shape, viewed in `shape` order.
   std::vector<int> perm(rank);

@@ -12,16 +12,6 @@
 
 namespace opforge::cpu {
 
-// Strides of `t` broadcast against `shape` (aligned right): 0 where t has size 1 or lacks
-// the dimension.
-inline std::vector<int64_t> broadcast_strides(const TensorView& t, const std::vector<int64_t>& shape) {
-  std::vector<int64_t> out(shape.size(), 0);
-  const size_t lead = shape.size() - t.shape.size();
-  for (size_t i = 0; i < t.shape.size(); ++i)
-    out[lead + i] = t.shape[i] == 1 ? 0 : t.strides[i];
-  return out;
-}
-
 // Element offset of linear index `linear` (row-major over `shape`) given `strides`.
 inline int64_t offset_of(int64_t linear, const int64_t* shape, const int64_t* strides, int64_t rank) {
   int64_t offset = 0;
