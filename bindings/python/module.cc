@@ -96,6 +96,9 @@ void register_jax_bindings(nb::module_& m);  // bindings/jax/module.cc
 NB_MODULE(_core, m) {
   m.doc() = "opforge's C++ core: registry, validator, dispatcher, thread pool, SIMD targets.";
   nb::register_exception_translator(translate);
+  // Op handles live in module-level functions and adapter caches until the interpreter is torn
+  // down; nanobind would report those as leaks at exit.
+  nb::set_leak_warnings(false);
   m.attr("__version__") = OPFORGE_VERSION;
 #ifdef OPFORGE_WITH_CUDA
   m.attr("built_with_cuda") = true;
@@ -117,7 +120,7 @@ NB_MODULE(_core, m) {
              return python::infer_call(*self.op, tensors, attrs);
            },
            nb::arg("tensors"), nb::arg("attrs"),
-           "Result (shape, dtype) pairs from per-tensor (shape, dtype) or None, and attributes.")
+           "Result (shape, dtype) pairs from per-tensor (shape, dtype[, (device type, index)]) or None, and attributes.")
       .def_prop_ro("name", [](const PyOp& self) { return self.op->name(); })
       .def_prop_ro("schema", [](const PyOp& self) { return self.op->schema().text; })
       .def_prop_ro("doc", [](const PyOp& self) { return self.op->doc(); })
