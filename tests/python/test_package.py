@@ -52,7 +52,9 @@ def test_function_matches_schema(name):
         if default is None:
             assert p.default is inspect.Parameter.empty
         else:
-            convert = {"float": float, "int": int, "bool": lambda s: s == "True"}.get(kind, str)
+            convert = {"float": float, "int": int, "bool": lambda s: s == "True",
+                       "Tensor?": lambda s: None if s == "None" else s,
+                       "str": lambda s: s.strip("'\"")}.get(kind, str)  # the schema quotes str defaults
             assert p.default == convert(default)
     assert op.schema in function.__doc__
     assert op.doc in function.__doc__

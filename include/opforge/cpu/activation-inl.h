@@ -1,0 +1,325 @@
+// Activation functions and their derivatives as SIMD functors, for the elementwise activation
+// ops and for fused epilogues. Forward functors map (d, x) -> f(x); gradient functors map
+// (d, g, x) -> g * f'(x). Re-included once per Highway target, like the kernels using it.
+//
+// MapUnary and MapBinary feed the functors whole vectors only: tails and strided operands go
+// through a lane buffer, so every element gets the same arithmetic wherever it sits in the
+// call (no scalar twin that rounds differently).
+//
+// Large |x|: exponentials only see arguments <= 0 (no overflow), and products of x with a factor
+// that vanishes clamp x first, so +-inf give the limits (gelu(-inf) = 0, silu'(inf) = 1, ...)
+// where the naive formulas give NaN; NaN stays NaN.
+#if defined(OPFORGE_CPU_ACTIVATION_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef OPFORGE_CPU_ACTIVATION_INL_H_
+#undef OPFORGE_CPU_ACTIVATION_INL_H_
+#else
+#define OPFORGE_CPU_ACTIVATION_INL_H_
+#endif
+
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "opforge/cpu/simd-inl.h"
+#include "opforge/cpu/strided.h"
+#include "opforge/cpu/visit.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace opforge::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+template <class D>
+HWY_INLINE hn::Vec<D> Splat(D d, double v) {
+  return hn::Set(d, static_cast<hn::TFromD<D>>(v));
+}
+
+// x, with values below -limit (-inf included) raised to -limit; NaN passes through, which
+// Max would not guarantee on every target.
+template <class D, class V>
+HWY_INLINE V ClampBelow(D d, V x, double limit) {
+  const V low = Splat(d, -limit);
+  return hn::IfThenElse(hn::Lt(x, low), low, x);
+}
+
+// x clamped to [-limit, limit]; NaN passes through.
+template <class D, class V>
+HWY_INLINE V ClampAbs(D d, V x, double limit) {
+  const V lim = Splat(d, limit);
+  return hn::IfThenElse(hn::Gt(hn::Abs(x), lim), hn::CopySign(lim, x), x);
+}
+
+// exp(x) for x <= 88: the callers' arguments are -|x|-like, at most a rounding error above 0
+// (NaN in: unspecified out; every caller multiplies the result by x or by a NaN).
+// float: Cephes' expf polynomial after a Cody-Waite reduction, ~1 ulp, with 2^n built straight
+// from the rounding constant's low bits; results below 2^-126 flush to 0. About 20 operations,
+// a third faster than Highway's Exp, which dominated silu's cost. double: Highway's Exp (1 ulp).
+template <class D, class V>
+HWY_INLINE V ExpNonPositive(D d, V x) {
+  if constexpr (sizeof(hn::TFromD<D>) == 4) {
+    const hn::RebindToSigned<D> di;
+    const V low = Splat(d, -87.33654475);  // ln(2^-126)
+    const V xc = hn::Max(x, low);
+    const V magic = Splat(d, 12582912.0);  // 1.5 * 2^23: adding it rounds to an integer
+    const V shifted = hn::MulAdd(xc, Splat(d, 1.44269504088896341), magic);
+    const V n = hn::Sub(shifted, magic);
+    V r = hn::MulAdd(n, Splat(d, -0.693359375), xc);
+    r = hn::MulAdd(n, Splat(d, 2.12194440e-4), r);
+    V p = Splat(d, 1.9875691500e-4);
+    p = hn::MulAdd(p, r, Splat(d, 1.3981999507e-3));
+    p = hn::MulAdd(p, r, Splat(d, 8.3334519073e-3));
+    p = hn::MulAdd(p, r, Splat(d, 4.1665795894e-2));
+    p = hn::MulAdd(p, r, Splat(d, 1.6666665459e-1));
+    p = hn::MulAdd(p, r, Splat(d, 5.0000001201e-1));
+    p = hn::Add(hn::MulAdd(p, hn::Mul(r, r), r), Splat(d, 1.0));
+    // n + 127 sits in the low bits of `shifted` (n >= -126), so 2^n is one add and one shift.
+    const auto bits = hn::Sub(hn::BitCast(di, shifted), hn::BitCast(di, hn::Sub(magic, Splat(d, 127.0))));
+    const V scaled = hn::Mul(p, hn::BitCast(d, hn::ShiftLeft<23>(bits)));
+    return hn::IfThenZeroElse(hn::Lt(x, low), scaled);
+  } else {
+    return hn::Exp(d, x);
+  }
+}
+
+// 1 / a for a in [1, 2^100]. float: the hardware estimate and one Newton step (within about an
+// ulp): three short operations on the FMA ports instead of a long-latency vdivps that would
+// lengthen the already long dependency chains. double: a division.
+template <class D, class V>
+HWY_INLINE V Reciprocal(D d, V a) {
+  if constexpr (sizeof(hn::TFromD<D>) == 4) {
+    const V r = hn::ApproximateReciprocal(a);
+    return hn::MulAdd(hn::NegMulAdd(a, r, Splat(d, 1.0)), r, r);
+  } else {
+    return hn::Div(Splat(d, 1.0), a);
+  }
+}
+
+// sigmoid(x) and sigmoid(-x) = 1 - sigmoid(x), both without cancellation: from e = exp(-|x|),
+// one is 1 / (1 + e) and the other e / (1 + e).
+template <class D, class V>
+HWY_INLINE void SigmoidPair(D d, V x, V& s, V& s_neg) {
+  const V one = Splat(d, 1.0);
+  const V e = ExpNonPositive(d, hn::Neg(hn::Abs(x)));
+  const V r = Reciprocal(d, hn::Add(one, e));
+  const V q = hn::Mul(e, r);
+  const auto pos = hn::Ge(x, hn::Zero(d));
+  s = hn::IfThenElse(pos, r, q);
+  s_neg = hn::IfThenElse(pos, q, r);
+}
+
+// The standard normal CDF, Phi(x) = erfc(-x / sqrt(2)) / 2. float: erfc(|z|) by Numerical
+// Recipes' erfcc (Chebyshev fit, relative error below 1.2e-7 on all of [0, inf)), so Phi keeps
+// its relative accuracy in the far left tail. double: std::erfc lane by lane (Highway 1.0.3 has
+// no vector erf; float64 needs ~1e-15).
+template <class D, class V>
+HWY_INLINE V NormalCdf(D d, V x) {
+  using T = hn::TFromD<D>;
+  if constexpr (sizeof(T) == 8) {
+    HWY_ALIGN T lanes[HWY_MAX_BYTES / sizeof(T)];
+    hn::Store(x, d, lanes);
+    for (size_t i = 0; i < hn::Lanes(d); ++i) lanes[i] = 0.5 * std::erfc(-lanes[i] * 0.70710678118654752440);
+    return hn::Load(d, lanes);
+  } else {
+    // In h = t / 2 = 1 / (2 + z), z = |x| / sqrt(2), with the coefficients scaled by 2^k to
+    // match (exact), t * exp(...) / 2 is h * exp(...). |x| is capped so the reciprocal never
+    // sees inf.
+    const V ax = hn::Min(hn::Abs(x), Splat(d, 64.0));
+    const V h = Reciprocal(d, hn::MulAdd(ax, Splat(d, 0.70710678118654752440), Splat(d, 2.0)));
+    // Estrin's scheme: the same polynomial with a shorter dependency chain than Horner's.
+    const V h2 = hn::Mul(h, h), h4 = hn::Mul(h2, h2);
+    auto pair = [&](double c0, double c1) { return hn::MulAdd(h, Splat(d, c1), Splat(d, c0)); };
+    const V low = hn::MulAdd(h2, pair(0.37409196 * 4, 0.09678418 * 8), pair(-1.26551223, 1.00002368 * 2));
+    const V mid = hn::MulAdd(h2, pair(-1.13520398 * 64, 1.48851587 * 128), pair(-0.18628806 * 16, 0.27886807 * 32));
+    const V p = hn::MulAdd(h4, hn::MulAdd(h4, pair(-0.82215223 * 256, 0.17087277 * 512), mid), low);
+    // -z^2 as -(x / 2) * x: one rounding (in the FMA) instead of two, since for |x| past a few
+    // units the exponent's rounding is the largest error left.
+    const V half_erfc = hn::Mul(h, ExpNonPositive(d, hn::NegMulAdd(hn::Mul(x, Splat(d, 0.5)), x, p)));
+    return hn::IfThenElse(hn::Lt(x, hn::Zero(d)), half_erfc, hn::Sub(Splat(d, 1.0), half_erfc));
+  }
+}
+
+// Past these |x| every result equals its limit in float64 and float32 alike.
+inline constexpr double kSiluLimit = 1000.0;  // exp(-1000) is 0 in both
+inline constexpr double kGeluLimit = 40.0;    // Phi(-40) and exp(-40^2 / 2) are 0 in both
+
+// relu(x) = max(x, 0), keeping NaN.
+struct Relu {
+  template <class D, class V>
+  HWY_INLINE V operator()(D d, V x) const { return hn::IfThenZeroElse(hn::Le(x, hn::Zero(d)), x); }
+};
+
+// As torch's threshold_backward: 0 where x <= 0, else g (x NaN passes g).
+struct ReluGrad {
+  template <class D, class V>
+  HWY_INLINE V operator()(D d, V g, V x) const { return hn::IfThenZeroElse(hn::Le(x, hn::Zero(d)), g); }
+};
+
+// silu(x) = x * sigmoid(x).
+struct Silu {
+  template <class D, class V>
+  HWY_INLINE V operator()(D d, V x) const {
+    const V xl = ClampBelow(d, x, kSiluLimit);
+    V s, s_neg;
+    SigmoidPair(d, xl, s, s_neg);
+    return hn::Mul(xl, s);
+  }
+};
+
+// silu'(x) = sigmoid(x) * (1 + x * sigmoid(-x)).
+struct SiluGrad {
+  template <class D, class V>
+  HWY_INLINE V operator()(D d, V g, V x) const {
+    const V xc = ClampAbs(d, x, kSiluLimit);
+    V s, s_neg;
+    SigmoidPair(d, xc, s, s_neg);
+    return hn::Mul(g, hn::Mul(s, hn::MulAdd(xc, s_neg, Splat(d, 1.0))));
+  }
+};
+
+// gelu(x) = x * Phi(x), the exact (erf) form.
+struct GeluErf {
+  template <class D, class V>
+  HWY_INLINE V operator()(D d, V x) const {
+    return hn::Mul(ClampBelow(d, x, kGeluLimit), NormalCdf(d, x));
+  }
+};
+
+// gelu'(x) = Phi(x) + x * phi(x), phi the standard normal density.
+struct GeluErfGrad {
+  template <class D, class V>
+  HWY_INLINE V operator()(D d, V g, V x) const {
+    const V xc = ClampAbs(d, x, kGeluLimit);
+    const V density = hn::Mul(ExpNonPositive(d, hn::Mul(hn::Mul(xc, xc), Splat(d, -0.5))),
+                              Splat(d, 0.39894228040143267794));  // 1 / sqrt(2 pi)
+    return hn::Mul(g, hn::MulAdd(xc, density, NormalCdf(d, xc)));
+  }
+};
+
+// The tanh approximation 0.5 * x * (1 + tanh(u)), u = sqrt(2/pi) * (x + 0.044715 x^3),
+// computed as x * sigmoid(2u), which is the same function without the cancellation of
+// 1 + tanh(u) for negative u. Returns 2u and its derivative 2u'.
+template <class D, class V>
+HWY_INLINE V GeluTanhArg(D d, V x, V* slope = nullptr) {
+  const V k0 = Splat(d, 1.59576912160573071176);                   // 2 sqrt(2/pi)
+  const V k1 = Splat(d, 1.59576912160573071176 * 0.044715);
+  const V x2 = hn::Mul(x, x);
+  if (slope) *slope = hn::MulAdd(hn::Mul(k1, Splat(d, 3.0)), x2, k0);
+  return hn::Mul(x, hn::MulAdd(k1, x2, k0));
+}
+
+struct GeluTanh {
+  template <class D, class V>
+  HWY_INLINE V operator()(D d, V x) const {
+    const V xl = ClampBelow(d, x, kGeluLimit);
+    V s, s_neg;
+    SigmoidPair(d, GeluTanhArg(d, xl), s, s_neg);
+    return hn::Mul(xl, s);
+  }
+};
+
+// d/dx x * sigmoid(2u) = s * (1 + x * (1 - s) * 2u'), s = sigmoid(2u).
+struct GeluTanhGrad {
+  template <class D, class V>
+  HWY_INLINE V operator()(D d, V g, V x) const {
+    const V xc = ClampAbs(d, x, kGeluLimit);
+    V slope, s, s_neg;
+    SigmoidPair(d, GeluTanhArg(d, xc, &slope), s, s_neg);
+    return hn::Mul(g, hn::Mul(s, hn::MulAdd(hn::Mul(xc, s_neg), slope, Splat(d, 1.0))));
+  }
+};
+
+// out[i] = op(d, a[i * sa]) for i < n; out is contiguous.
+template <typename T, class Op>
+HWY_INLINE void MapUnary(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, int64_t sa, int64_t n, const Op& op) {
+  using C = Compute<T>;
+  const hn::ScalableTag<C> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  if (sa == 1) {
+    // Two vectors per step: their long independent chains (exp, polynomials) overlap better.
+    for (; i + 2 * lanes <= n; i += 2 * lanes) {
+      const auto v0 = op(d, LoadAs(d, a + i));
+      const auto v1 = op(d, LoadAs(d, a + i + lanes));
+      StoreAs(d, v0, out + i);
+      StoreAs(d, v1, out + i + lanes);
+    }
+    for (; i + lanes <= n; i += lanes) StoreAs(d, op(d, LoadAs(d, a + i)), out + i);
+  }
+  HWY_ALIGN C buf[HWY_MAX_BYTES / sizeof(C)];
+  for (; i < n; i += lanes) {
+    const int64_t k = std::min(lanes, n - i);
+    for (int64_t j = 0; j < lanes; ++j) buf[j] = j < k ? ToCompute(a[(i + j) * sa]) : C(0);
+    hn::Store(op(d, hn::Load(d, buf)), d, buf);
+    for (int64_t j = 0; j < k; ++j) out[i + j] = FromCompute<T>(buf[j]);
+  }
+}
+
+// out[i] = op(d, a[i * sa], b[i * sb]) for i < n; out is contiguous.
+template <typename T, class Op>
+HWY_INLINE void MapBinary(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, int64_t sa, const T* HWY_RESTRICT b,
+                          int64_t sb, int64_t n, const Op& op) {
+  using C = Compute<T>;
+  const hn::ScalableTag<C> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  if (sa == 1 && sb == 1) {
+    for (; i + 2 * lanes <= n; i += 2 * lanes) {
+      const auto v0 = op(d, LoadAs(d, a + i), LoadAs(d, b + i));
+      const auto v1 = op(d, LoadAs(d, a + i + lanes), LoadAs(d, b + i + lanes));
+      StoreAs(d, v0, out + i);
+      StoreAs(d, v1, out + i + lanes);
+    }
+    for (; i + lanes <= n; i += lanes) StoreAs(d, op(d, LoadAs(d, a + i), LoadAs(d, b + i)), out + i);
+  }
+  HWY_ALIGN C buf_a[HWY_MAX_BYTES / sizeof(C)];
+  HWY_ALIGN C buf_b[HWY_MAX_BYTES / sizeof(C)];
+  for (; i < n; i += lanes) {
+    const int64_t k = std::min(lanes, n - i);
+    for (int64_t j = 0; j < lanes; ++j) {
+      buf_a[j] = j < k ? ToCompute(a[(i + j) * sa]) : C(0);
+      buf_b[j] = j < k ? ToCompute(b[(i + j) * sb]) : C(0);
+    }
+    hn::Store(op(d, hn::Load(d, buf_a), hn::Load(d, buf_b)), d, buf_a);
+    for (int64_t j = 0; j < k; ++j) out[i + j] = FromCompute<T>(buf_a[j]);
+  }
+}
+
+// Elements per parallel chunk: enough that waking a worker pays off even for relu.
+inline constexpr int64_t kActivationGrain = 1 << 14;
+
+// out = op(x) for a float tensor x of any strides; out is contiguous.
+template <class Op>
+void ActivationForward(const char* name, const TensorView& x, const TensorView& out, const Op& op) {
+  visit_float(x.dtype, name, [&](auto tag) {
+    using T = decltype(tag);
+    const T* src = x.data_as<const T>();
+    T* dst = out.data_as<T>();
+    for_each_row<2>(out.shape, {contiguous_strides(out.shape), x.strides}, kActivationGrain, [&](const Row<2>& r) {
+      MapUnary(dst + r.offsets[0], src + r.offsets[1], r.inner[1], r.len, op);
+    });
+  });
+}
+
+// out = op(grad, x), grad and x broadcast against each other to out's shape.
+template <class Op>
+void ActivationBackward(const char* name, const TensorView& grad, const TensorView& x, const TensorView& out,
+                        const Op& op) {
+  visit_float(grad.dtype, name, [&](auto tag) {
+    using T = decltype(tag);
+    const T* g = grad.data_as<const T>();
+    const T* src = x.data_as<const T>();
+    T* dst = out.data_as<T>();
+    for_each_row<3>(out.shape,
+                    {contiguous_strides(out.shape), broadcast_strides(grad, out.shape), broadcast_strides(x, out.shape)},
+                    kActivationGrain, [&](const Row<3>& r) {
+                      MapBinary(dst + r.offsets[0], g + r.offsets[1], r.inner[1], src + r.offsets[2], r.inner[2], r.len, op);
+                    });
+  });
+}
+
+}  // namespace opforge::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // OPFORGE_CPU_ACTIVATION_INL_H_

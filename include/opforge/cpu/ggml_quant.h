@@ -1,0 +1,71 @@
+// ggml's quantized block formats, as the quantization ops (quantize_q8_0, quantize_q4_0,
+// dequantize, matmul_q) share them. A block holds 32 values: a little-endian IEEE fp16 scale d,
+// then the quants. Q8_0: 32 int8 q, value q * d (34 bytes). Q4_0: 16 bytes, byte j holding
+// element j in its low nibble and element j + 16 in its high nibble, value (q - 8) * d
+// (18 bytes). Byte-identical to ggml's, so files written by ggml-based tools load as they are.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "opforge/cpu/strided.h"
+#include "opforge/half.h"
+#include "opforge/op.h"
+
+namespace opforge::quant {
+
+inline constexpr int64_t kBlock = 32;
+
+enum class Format : uint8_t { q8_0, q4_0 };
+
+inline int64_t block_bytes(Format f) { return f == Format::q8_0 ? 34 : 18; }
+inline const char* format_name(Format f) { return f == Format::q8_0 ? "q8_0" : "q4_0"; }
+
+// The op's str attribute `format`; ValueError naming the formats otherwise.
+inline Format format_of(const ArgAccess& a) {
+  const std::string& name = a.attr_str("format");
+  if (name == "q8_0") return Format::q8_0;
+  if (name == "q4_0") return Format::q4_0;
+  a.fail(ErrorKind::value, "'format' must be 'q8_0' or 'q4_0', got '", name, "'");
+}
+
+inline float load_scale(const uint8_t* block) {
+  return to_float(float16{static_cast<uint16_t>(block[0] | (block[1] << 8))});
+}
+
+inline void store_scale(uint8_t* block, float16 d) {
+  block[0] = static_cast<uint8_t>(d.bits & 0xff);
+  block[1] = static_cast<uint8_t>(d.bits >> 8);
+}
+
+// Scales as ggml computes them from the block's absolute maximum (Q8_0) or its signed value
+// of largest magnitude (Q4_0), in float32; the quants divide by these unrounded values while
+// the block stores them rounded to fp16.
+inline float scale_q8_0(float amax) { return amax / 127.0f; }
+inline float scale_q4_0(float max) { return max / -8.0f; }
+inline float inverse_scale(float d) { return d != 0.0f ? 1.0f / d : 0.0f; }
+
+// Calls fn(g, p) for blocks g in [begin, end) of t ([..., k], any strides), the blocks being
+// `block` consecutive elements of the last dimension and p the first element of block g (the
+// rest follow at t.stride(-1)). One division per call, not per block.
+template <typename T, typename F>
+void for_each_block(const TensorView& t, int64_t block, int64_t begin, int64_t end, F&& fn) {
+  const int64_t nb = t.size(-1) / block, step = block * t.stride(-1);
+  const T* base = t.data_as<const T>();
+  const auto row_start = [&](int64_t row) {
+    return base + cpu::offset_of(row, t.shape.data(), t.strides.data(), t.rank() - 1);
+  };
+  int64_t row = begin / nb, b = begin % nb;
+  const T* p = row_start(row) + b * step;
+  for (int64_t g = begin; g < end; ++g) {
+    fn(g, p);
+    if (++b < nb) {
+      p += step;
+    } else {
+      b = 0;
+      p = row_start(++row);
+    }
+  }
+}
+
+}  // namespace opforge::quant

@@ -1,0 +1,41 @@
+// matmul_q's kernels below the activation quantization: the integer products of Q8_0
+// activations with Q8_0 or Q4_0 weights. Every path computes, for each output,
+//   y[r][c] = (float) sum over blocks b, in order, of double(s) * (double(dw) * double(dx)),
+// s the block's exact int32 dot product and dw, dx the fp16 scales. Both products are exact in
+// double (at most 19 + 22 significant bits), so FMA or not, vector or scalar, the only roundings
+// are the ordered additions: every path gives the same bits.
+#pragma once
+
+#include <cstdint>
+
+#include "opforge/cpu/ggml_quant.h"
+
+namespace opforge::matmul_q {
+
+// x quantized to Q8_0, split for the kernels: row r's block b is q[(r * nb + b) * 32 ...],
+// with scale d[r * nb + b] (already rounded to fp16) and sum of its quants sum[r * nb + b].
+struct Activations {
+  const int8_t* q;
+  const float* d;
+  const int32_t* sum;
+  int64_t m, nb;
+};
+
+// n rows of nb blocks in ggml's layout, contiguous.
+struct Weights {
+  const uint8_t* data;
+  int64_t n, nb, row_bytes;
+  quant::Format format;
+};
+
+// y: [m][n] float32, contiguous.
+void gemm_scalar(const Activations& a, const Weights& w, float* y);
+#if defined(__x86_64__) || defined(__i386__)
+bool cpu_has_avx512_vnni();
+// 8 columns a tile, pmaddubsw. Needs AVX2, FMA, F16C.
+void gemm_avx2(const Activations& a, const Weights& w, float* y);
+// 16 columns a tile, vpdpbusd. Needs AVX-512 F/BW/VL and VNNI (cpu_has_avx512_vnni()).
+void gemm_vnni(const Activations& a, const Weights& w, float* y);
+#endif
+
+}  // namespace opforge::matmul_q

@@ -1,0 +1,271 @@
+// matmul_q's x86 kernels: AVX-512 VNNI (vpdpbusd) and AVX2 (pmaddubsw), each compiled for its
+// own instruction set and called only where the CPU has it (Highway 1.0.3 has no int8 dot
+// products, hence intrinsics).
+//
+// Layout: a tile of W weight rows (output columns) is repacked, per block, into 8 groups of
+// W x 4 bytes: group g holds quants 4g..4g+3 of every column. One 32-bit lane then holds one
+// column, and the activation's 4 quants of group g are broadcast to all lanes, so a vpdpbusd
+// per group accumulates W exact dot products at once with no horizontal sums. The weight bytes
+// are made unsigned for the u8 x s8 instructions (Q8_0: q ^ 0x80 = q + 128; Q4_0: the raw
+// nibble q = value + 8) and offset * sum(x quants) is subtracted afterwards.
+#include "ops/matmul_q/matmul_q.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <hwy/base.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "opforge/parallel.h"
+
+namespace opforge::matmul_q {
+
+namespace {
+
+constexpr int64_t kRowChunk = 64;    // activation rows sharing one packed weight chunk
+constexpr int64_t kBlockChunk = 32;  // blocks per packed chunk: 16 KiB of VNNI tile, in L1
+
+inline int32_t weight_offset(quant::Format f) { return f == quant::Format::q8_0 ? 128 : 8; }
+
+inline int32_t load_group(const int8_t* x) {
+  int32_t v;
+  std::memcpy(&v, x, 4);
+  return v;
+}
+
+// The fp16 scales of a chunk's blocks in a tile's columns, hs[b * W + c]: scalar copies, turned into
+// doubles by the kernel once the chunk is done (reading them back at once would stall on
+// store forwarding). Packing with gathers instead of loads and a transpose was simpler but
+// made one-row products 2.8x slower on this project's AMD EPYC (Zen 4), where gathers are
+// slow; Intel parts with the Gather Data Sampling microcode fix have slow gathers too.
+template <int64_t W>
+void copy_scales(const uint8_t* const* cols, int64_t bytes, int64_t kb, uint16_t* hs) {
+  for (int64_t b = 0; b < kb; ++b)
+    for (int64_t c = 0; c < W; ++c) std::memcpy(hs + b * W + c, cols[c] + b * bytes, 2);
+}
+
+// Same driver for both kernels: tiles of K::kCols columns in parallel (each output is written
+// by one thread, its blocks summed in order), rows in chunks, weights packed per block chunk.
+template <class K>
+void gemm_tiled(const Activations& a, const Weights& w, float* y) {
+  constexpr int64_t W = K::kCols;
+  const int64_t tiles = (w.n + W - 1) / W;
+  const int64_t bytes = quant::block_bytes(w.format), packed_bytes = K::block_bytes(w.format);
+  const int32_t offset = weight_offset(w.format);
+  parallel_for(tiles, 1, [&](int64_t t_begin, int64_t t_end) {
+    std::vector<uint8_t> pq(kBlockChunk * packed_bytes);
+    std::vector<uint16_t> hs(kBlockChunk * W);
+    std::vector<double> pd(kBlockChunk * W), acc(kRowChunk * W);
+    const uint8_t* cols[W];  // each column's weight row, at block b0
+    for (int64_t t = t_begin; t < t_end; ++t) {
+      const int64_t c0 = t * W, valid = std::min(W, w.n - c0);
+      for (int64_t r0 = 0; r0 < a.m; r0 += kRowChunk) {
+        const int64_t m = std::min(kRowChunk, a.m - r0);
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t b0 = 0; b0 < a.nb; b0 += kBlockChunk) {
+          const int64_t kb = std::min(kBlockChunk, a.nb - b0);
+          // Columns past n repeat the last one; their results are never stored.
+          for (int64_t c = 0; c < W; ++c) cols[c] = w.data + (c0 + std::min(c, valid - 1)) * w.row_bytes + b0 * bytes;
+          copy_scales<W>(cols, bytes, kb, hs.data());
+          K::pack(cols, w.format, kb, hs.data(), pq.data(), pd.data());
+          int64_t r = 0;
+          for (; r + 4 <= m; r += 4) K::template accumulate<4>(pq.data(), pd.data(), kb, a, r0 + r, b0, offset, &acc[r * W]);
+          for (; r < m; ++r) K::template accumulate<1>(pq.data(), pd.data(), kb, a, r0 + r, b0, offset, &acc[r * W]);
+        }
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t c = 0; c < valid; ++c) y[(r0 + r) * w.n + c0 + c] = static_cast<float>(acc[r * W + c]);
+      }
+    }
+  });
+}
+
+HWY_PUSH_ATTRIBUTES("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+
+struct Vnni {
+  static constexpr int64_t kCols = 16;
+  static int64_t block_bytes(quant::Format) { return 8 * 64; }
+
+  // t[g] lane c = bytes 4g..4g+3 of the 16 at cols[c] + at: loads of 4 columns per register
+  // (columns i, i + 4, i + 8, i + 12 in register i), then a 4 x 4 transpose per 128-bit lane.
+  static void transpose(const uint8_t* const* cols, int64_t at, __m512i* t) {
+    __m512i z[4];
+    for (int i = 0; i < 4; ++i) {
+      const auto load = [&](int c) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(cols[c] + at)); };
+      z[i] = _mm512_inserti32x4(_mm512_castsi128_si512(load(i)), load(i + 4), 1);
+      z[i] = _mm512_inserti32x4(_mm512_inserti32x4(z[i], load(i + 8), 2), load(i + 12), 3);
+    }
+    const __m512i a = _mm512_unpacklo_epi32(z[0], z[1]), b = _mm512_unpacklo_epi32(z[2], z[3]);
+    const __m512i c = _mm512_unpackhi_epi32(z[0], z[1]), d = _mm512_unpackhi_epi32(z[2], z[3]);
+    t[0] = _mm512_unpacklo_epi64(a, b);
+    t[1] = _mm512_unpackhi_epi64(a, b);
+    t[2] = _mm512_unpacklo_epi64(c, d);
+    t[3] = _mm512_unpackhi_epi64(c, d);
+  }
+
+  static void pack(const uint8_t* const* cols, quant::Format format, int64_t kb, const uint16_t* hs, uint8_t* pq,
+                   double* pd) {
+    const __m512i nibbles = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const int64_t bytes = quant::block_bytes(format);
+    __m512i t[8];
+    for (int64_t b = 0; b < kb; ++b, pq += 512) {
+      if (format == quant::Format::q8_0) {
+        transpose(cols, b * bytes + 2, t);
+        transpose(cols, b * bytes + 18, t + 4);
+        for (int g = 0; g < 8; ++g) _mm512_storeu_si512(pq + 64 * g, _mm512_xor_si512(t[g], flip));
+      } else {  // low nibbles are quants 4g.., high nibbles 16 + 4g..
+        transpose(cols, b * bytes + 2, t);
+        for (int g = 0; g < 4; ++g) {
+          _mm512_storeu_si512(pq + 64 * g, _mm512_and_si512(t[g], nibbles));
+          _mm512_storeu_si512(pq + 64 * (g + 4), _mm512_and_si512(_mm512_srli_epi32(t[g], 4), nibbles));
+        }
+      }
+    }
+    for (int64_t b = 0; b < kb; ++b) {
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 16 * b)));
+      _mm512_storeu_pd(pd + 16 * b, _mm512_cvtps_pd(_mm512_castps512_ps256(d)));
+      _mm512_storeu_pd(pd + 16 * b + 8, _mm512_cvtps_pd(_mm512_extractf32x8_ps(d, 1)));
+    }
+  }
+
+  // acc[i][0..15] += the next kb blocks of rows r0 .. r0 + R - 1 against the packed tile.
+  template <int R>
+  static void accumulate(const uint8_t* pq, const double* pd, int64_t kb, const Activations& a, int64_t r0, int64_t b0,
+                   int32_t offset, double* acc) {
+    __m512d lo[R], hi[R];
+    for (int i = 0; i < R; ++i) {
+      lo[i] = _mm512_loadu_pd(acc + 16 * i);
+      hi[i] = _mm512_loadu_pd(acc + 16 * i + 8);
+    }
+    for (int64_t b = 0; b < kb; ++b, pq += 512, pd += 16) {
+      __m512i wq[8];
+      for (int g = 0; g < 8; ++g) wq[g] = _mm512_loadu_si512(pq + 64 * g);
+      const __m512d d_lo = _mm512_loadu_pd(pd), d_hi = _mm512_loadu_pd(pd + 8);
+      for (int i = 0; i < R; ++i) {
+        const int64_t g = (r0 + i) * a.nb + b0 + b;
+        const int8_t* x = a.q + g * quant::kBlock;
+        // Two chains halve the dependency on vpdpbusd's latency.
+        __m512i s0 = _mm512_set1_epi32(-offset * a.sum[g]), s1 = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j += 2) {
+          s0 = _mm512_dpbusd_epi32(s0, wq[j], _mm512_set1_epi32(load_group(x + 4 * j)));
+          s1 = _mm512_dpbusd_epi32(s1, wq[j + 1], _mm512_set1_epi32(load_group(x + 4 * j + 4)));
+        }
+        const __m512i s = _mm512_add_epi32(s0, s1);
+        const __m512d dx = _mm512_set1_pd(static_cast<double>(a.d[g]));
+        lo[i] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(s)), _mm512_mul_pd(d_lo, dx), lo[i]);
+        hi[i] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(s, 1)), _mm512_mul_pd(d_hi, dx), hi[i]);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      _mm512_storeu_pd(acc + 16 * i, lo[i]);
+      _mm512_storeu_pd(acc + 16 * i + 8, hi[i]);
+    }
+  }
+};
+
+HWY_POP_ATTRIBUTES
+HWY_PUSH_ATTRIBUTES("avx2,fma,f16c")
+
+// pmaddubsw sums byte pairs into int16 with saturation: Q4_0 nibbles (<= 15) times quants
+// (|x| <= 127) stay far from it, summed over 8 groups too (<= 30480). Q8_0's unsigned bytes
+// (<= 255) would not, so they are split into nibbles: q + 128 = 16 * hi + lo.
+struct Avx2 {
+  static constexpr int64_t kCols = 8;
+  static int64_t block_bytes(quant::Format f) { return f == quant::Format::q8_0 ? 16 * 32 : 8 * 32; }
+
+  // t[g] lane c = bytes 4g..4g+3 of the 16 at cols[c] + at (columns i and i + 4 in register i).
+  static void transpose(const uint8_t* const* cols, int64_t at, __m256i* t) {
+    __m256i z[4];
+    for (int i = 0; i < 4; ++i) {
+      const auto load = [&](int c) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(cols[c] + at)); };
+      z[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(load(i)), load(i + 4), 1);
+    }
+    const __m256i a = _mm256_unpacklo_epi32(z[0], z[1]), b = _mm256_unpacklo_epi32(z[2], z[3]);
+    const __m256i c = _mm256_unpackhi_epi32(z[0], z[1]), d = _mm256_unpackhi_epi32(z[2], z[3]);
+    t[0] = _mm256_unpacklo_epi64(a, b);
+    t[1] = _mm256_unpackhi_epi64(a, b);
+    t[2] = _mm256_unpacklo_epi64(c, d);
+    t[3] = _mm256_unpackhi_epi64(c, d);
+  }
+
+  static void pack(const uint8_t* const* cols, quant::Format format, int64_t kb, const uint16_t* hs, uint8_t* pq,
+                   double* pd) {
+    const __m256i nibbles = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    const bool q8 = format == quant::Format::q8_0;
+    const int64_t bytes = quant::block_bytes(format), step = block_bytes(format);
+    __m256i t[8];
+    for (int64_t b = 0; b < kb; ++b, pq += step) {
+      transpose(cols, b * bytes + 2, t);
+      if (q8) transpose(cols, b * bytes + 18, t + 4);
+      for (int g = 0; g < (q8 ? 8 : 4); ++g) {
+        const __m256i v = q8 ? _mm256_xor_si256(t[g], flip) : t[g];
+        const __m256i lo = _mm256_and_si256(v, nibbles);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(v, 4), nibbles);
+        // Q8_0: group g's low nibbles at g, high nibbles at 8 + g. Q4_0: quants g and 4 + g.
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pq + 32 * g), lo);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pq + 32 * (q8 ? 8 + g : 4 + g)), hi);
+      }
+    }
+    for (int64_t b = 0; b < kb; ++b) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hs + 8 * b)));
+      _mm256_storeu_pd(pd + 8 * b, _mm256_cvtps_pd(_mm256_castps256_ps128(d)));
+      _mm256_storeu_pd(pd + 8 * b + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(d, 1)));
+    }
+  }
+
+  template <int R>
+  static void accumulate(const uint8_t* pq, const double* pd, int64_t kb, const Activations& a, int64_t r0, int64_t b0,
+                   int32_t offset, double* acc) {
+    const bool q8 = offset == 128;
+    const int64_t step = q8 ? 512 : 256;
+    const __m256i ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+    const auto group = [&](const uint8_t* p, int g) {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * g));
+    };
+    __m256d lo[R], hi[R];
+    for (int i = 0; i < R; ++i) {
+      lo[i] = _mm256_loadu_pd(acc + 8 * i);
+      hi[i] = _mm256_loadu_pd(acc + 8 * i + 4);
+    }
+    for (int64_t b = 0; b < kb; ++b, pq += step, pd += 8) {
+      const __m256d d_lo = _mm256_loadu_pd(pd), d_hi = _mm256_loadu_pd(pd + 4);
+      for (int i = 0; i < R; ++i) {
+        const int64_t g = (r0 + i) * a.nb + b0 + b;
+        const int8_t* x = a.q + g * quant::kBlock;
+        __m256i s16 = _mm256_setzero_si256(), h16 = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+          const __m256i xj = _mm256_set1_epi32(load_group(x + 4 * j));
+          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(group(pq, j), xj));
+          if (q8) h16 = _mm256_add_epi16(h16, _mm256_maddubs_epi16(group(pq, 8 + j), xj));
+        }
+        __m256i s = _mm256_madd_epi16(s16, ones);
+        if (q8) s = _mm256_add_epi32(s, _mm256_madd_epi16(h16, sixteen));
+        s = _mm256_sub_epi32(s, _mm256_set1_epi32(offset * a.sum[g]));
+        const __m256d dx = _mm256_set1_pd(static_cast<double>(a.d[g]));
+        lo[i] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(s)), _mm256_mul_pd(d_lo, dx), lo[i]);
+        hi[i] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(s, 1)), _mm256_mul_pd(d_hi, dx), hi[i]);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      _mm256_storeu_pd(acc + 8 * i, lo[i]);
+      _mm256_storeu_pd(acc + 8 * i + 4, hi[i]);
+    }
+  }
+};
+
+HWY_POP_ATTRIBUTES
+
+}  // namespace
+
+bool cpu_has_avx512_vnni() {
+  static const bool has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
+  return has;
+}
+
+void gemm_avx2(const Activations& a, const Weights& w, float* y) { gemm_tiled<Avx2>(a, w, y); }
+void gemm_vnni(const Activations& a, const Weights& w, float* y) { gemm_tiled<Vnni>(a, w, y); }
+
+}  // namespace opforge::matmul_q
+#endif

@@ -1,0 +1,45 @@
+// mul on CUDA: broadcasting through per-operand indexers (stride 0 on broadcast dims).
+#include <type_traits>
+
+#include "opforge/cuda/common.cuh"
+#include "opforge/registry.h"
+
+namespace opforge::mul_cuda {
+
+template <typename A>
+__device__ __forceinline__ A times(A a, A b) {
+  if constexpr (std::is_integral_v<A>) {  // wraps like NumPy and torch, without signed-overflow UB
+    using U = std::make_unsigned_t<A>;
+    return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
+  } else {
+    return a * b;
+  }
+}
+
+template <typename T>
+__global__ void kernel(T* out, const T* x, cuda::Indexer ix, const T* y, cuda::Indexer iy, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    cuda::store(out + i, times(cuda::load(x + ix.offset(i)), cuda::load(y + iy.offset(i))));
+}
+
+void run(const KernelCall& call) {
+  const TensorView& x = call.tensor("x");
+  const TensorView& y = call.tensor("y");
+  const TensorView& out = call.output();
+  const auto ix = cuda::make_indexer("mul", out.shape, broadcast_strides(x, out.shape));
+  const auto iy = cuda::make_indexer("mul", out.shape, broadcast_strides(y, out.shape));
+  cuda::visit(x.dtype, "mul", [&](auto tag) {
+    using T = decltype(tag);
+    const int threads = 256;
+    kernel<T><<<cuda::blocks_for(out.numel(), threads), threads, 0, cuda::stream_of(call)>>>(
+        out.data_as<T>(), x.data_as<const T>(), ix, y.data_as<const T>(), iy, out.numel());
+  });
+  cuda::check_launch("mul");
+}
+
+OPFORGE_KERNEL(mul, "cuda",
+               (std::vector<DType>{DType::float32, DType::float64, DType::float16, DType::bfloat16,
+                                   DType::int32, DType::int64}),
+               run);
+
+}  // namespace opforge::mul_cuda

@@ -1,0 +1,74 @@
+// mul_backward on the CPU. Same shapes (the common case): one pass reads grad, x and y once
+// and writes both gradients. Broadcast operands: each gradient is the product grad * other
+// summed down to the operand's shape by the shared sum-to-shape kernel, which multiplies as it
+// sums (no temporary) and does not depend on the thread count.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/mul_backward/mul_backward_cpu.cc"
+#include <hwy/foreach_target.h>  // re-includes this file once per target
+#include <hwy/highway.h>
+
+#include "opforge/cpu/simd-inl.h"
+#include "opforge/cpu/strided.h"
+#include "opforge/cpu/sum_to_shape-inl.h"
+#include "opforge/cpu/visit.h"
+#include "opforge/registry.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace opforge::mul_backward_cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using namespace opforge::cpu::HWY_NAMESPACE;
+
+// gx[i] = g[i] * y[i] and gy[i] = g[i] * x[i] along one row of the walk.
+template <typename T>
+HWY_INLINE void BothRow(const cpu::Row<5>& r, T* gx, T* gy, const T* g, const T* x, const T* y) {
+  gx += r.offsets[0], gy += r.offsets[1], g += r.offsets[2], x += r.offsets[3], y += r.offsets[4];
+  const int64_t sg = r.inner[2], sx = r.inner[3], sy = r.inner[4];
+  const hn::ScalableTag<Compute<T>> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  if (sg == 1 && sx == 1 && sy == 1) {
+    for (; i + lanes <= r.len; i += lanes) {
+      const auto vg = LoadAs(d, g + i);
+      StoreAs(d, hn::Mul(vg, LoadAs(d, y + i)), gx + i);
+      StoreAs(d, hn::Mul(vg, LoadAs(d, x + i)), gy + i);
+    }
+  }
+  for (; i < r.len; ++i) {
+    const Compute<T> vg = ToCompute(g[i * sg]);
+    gx[i] = FromCompute<T>(vg * ToCompute(y[i * sy]));
+    gy[i] = FromCompute<T>(vg * ToCompute(x[i * sx]));
+  }
+}
+
+void Run(const KernelCall& call) {
+  const TensorView& grad = call.tensor("grad");
+  const TensorView& x = call.tensor("x");
+  const TensorView& y = call.tensor("y");
+  cpu::visit_float(grad.dtype, "mul_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* g = grad.data_as<const T>();
+    const T* xp = x.data_as<const T>();
+    const T* yp = y.data_as<const T>();
+    if (x.shape == grad.shape && y.shape == grad.shape) {
+      T* gx = call.output(0).data_as<T>();
+      T* gy = call.output(1).data_as<T>();
+      const auto dense = contiguous_strides(grad.shape);
+      cpu::for_each_row<5>(grad.shape, {dense, dense, grad.strides, x.strides, y.strides}, 1 << 15,
+                           [&](const cpu::Row<5>& r) { BothRow(r, gx, gy, g, xp, yp); });
+      return;
+    }
+    SumToShape<T, 2>(call.output(0), grad.shape, {g, yp}, {grad.strides, broadcast_strides(y, grad.shape)});
+    SumToShape<T, 2>(call.output(1), grad.shape, {g, xp}, {grad.strides, broadcast_strides(x, grad.shape)});
+  });
+}
+
+}  // namespace opforge::mul_backward_cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace opforge::mul_backward_cpu {
+HWY_EXPORT(Run);
+void run(const KernelCall& call) { HWY_DYNAMIC_DISPATCH(Run)(call); }
+OPFORGE_KERNEL(mul_backward, "cpu", float_dtypes(), run);
+}  // namespace opforge::mul_backward_cpu
+#endif

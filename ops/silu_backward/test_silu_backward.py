@@ -1,0 +1,125 @@
+"""silu_backward against NumPy float64, torch autograd of silu and finite differences of
+opforge's silu, on every float dtype, SIMD target, layout and broadcast."""
+
+import numpy as np
+import pytest
+import torch
+
+import opforge
+from harness import (FLOAT_DTYPES, STRIDED_KINDS, assert_close, assert_result, cases, random, strided, to_float64,
+                     to_framework)
+from opforge.references import silu as silu_reference
+
+SHAPES = [(), (1,), (7,), (4097,), (0,), (4, 0, 3), (3, 5, 7)]
+
+
+def derivative(x64):
+    with np.errstate(over="ignore"):
+        s = 1 / (1 + np.exp(-x64))
+    return s * (1 + x64 * (1 - s))
+
+
+def check(grad, x, framework, dtype):
+    g64, x64 = np.broadcast_arrays(to_float64(grad), to_float64(x))
+    want = g64 * derivative(x64)
+    got = opforge.silu_backward(grad, x)
+    assert_result(got, framework, dtype, want.shape)
+    assert_close(got, want, dtype)
+
+
+def pair(rng, shape, framework, dtype):
+    return [to_framework(random(rng, shape, dtype), framework, dtype) for _ in range(2)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("framework, dtype", cases(["numpy", "torch"], FLOAT_DTYPES))
+def test_shapes(simd_target, rng, framework, dtype, shape):
+    check(*pair(rng, shape, framework, dtype), framework, dtype)
+
+
+def test_matches_torch_autograd(rng):
+    g64, x64 = rng.standard_normal((2, 4, 33)) * 3
+    x = torch.from_numpy(x64).requires_grad_()
+    silu_reference.torch(x).backward(torch.from_numpy(g64))
+    np.testing.assert_allclose(opforge.silu_backward(g64, x64), x.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_matches_finite_differences(rng):
+    # The backward op is the derivative of opforge's own silu, in float64.
+    x64 = rng.standard_normal(257) * 3
+    h = 1e-6
+    slope = (opforge.silu(x64 + h) - opforge.silu(x64 - h)) / (2 * h)
+    np.testing.assert_allclose(opforge.silu_backward(np.ones_like(x64), x64), slope, rtol=1e-7, atol=1e-8)
+
+
+@pytest.mark.parametrize("grad_shape, x_shape", [((4, 33), (33,)), ((33,), (4, 33)), ((2, 1, 7), (3, 1))], ids=str)
+def test_broadcast(simd_target, rng, grad_shape, x_shape):
+    # grad and x broadcast, as under jax.vmap with one of them unbatched.
+    grad = to_framework(random(rng, grad_shape, "float32"), "torch", "float32")
+    x = to_framework(random(rng, x_shape, "float32"), "torch", "float32")
+    check(grad, x, "torch", "float32")
+
+
+@pytest.mark.parametrize("framework, dtype", cases(["jax"], FLOAT_DTYPES))
+def test_jax(rng, framework, dtype):
+    check(*pair(rng, (3, 33), framework, dtype), framework, dtype)
+
+
+@pytest.mark.parametrize("framework, kind", [(f, k) for f in ("numpy", "torch") for k in STRIDED_KINDS[f]])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_strided(simd_target, rng, framework, kind, dtype):
+    shape = (5, 33)
+    grad, x = pair(rng, shape, framework, dtype)
+    grad_view, x_view = strided(rng, shape, framework, dtype, kind)[0], strided(rng, shape, framework, dtype, kind)[0]
+    for g, v in [(grad_view, x), (grad, x_view), (grad_view, x_view)]:
+        check(g, v, framework, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_wide_range(simd_target, rng, dtype):
+    grad = to_framework(random(rng, 4099, dtype), "torch", dtype)
+    x = to_framework(rng.uniform(-200, 200, 4099), "torch", dtype)
+    check(grad, x, "torch", dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_large_matches_torch(simd_target, rng, dtype):
+    # 1<<20 elements: every worker of the thread pool.
+    grad, x = pair(rng, (1 << 20,), "torch", dtype)
+    got = opforge.silu_backward(grad, x)
+    check(grad, x, "torch", dtype)
+    torch.testing.assert_close(got, torch.ops.aten.silu_backward(grad, x))
+
+
+@pytest.mark.parametrize("framework, dtype", cases(["numpy", "torch"], FLOAT_DTYPES))
+def test_nan_inf(simd_target, framework, dtype):
+    # The limits: 0 at -inf, grad at +inf (torch gives NaN at +inf); NaN stays NaN.
+    x64 = np.resize([np.nan, np.inf, -np.inf, -1000.0, 1000.0, 0.0, -1.0], 37)
+    g64 = np.resize([1.5, -2.0, 0.25], 37)
+    want = g64 * np.where(np.isinf(x64), x64 > 0, derivative(np.nan_to_num(x64, posinf=0, neginf=0)))
+    want[np.isnan(x64)] = np.nan
+    got = opforge.silu_backward(to_framework(g64, framework, dtype), to_framework(x64, framework, dtype))
+    assert_close(got, want, dtype)
+
+
+def test_declared():
+    op = opforge._core.op("silu_backward")
+    assert op.backward is None
+    assert op.leading_dim_args == ["grad", "x"]
+
+
+F32 = np.ones(3, np.float32)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: opforge.silu_backward(F32, F32.astype(np.float16)), TypeError,
+     r"silu_backward\(\): 'x' must have dtype float32 like 'grad', got float16"),
+    (lambda: opforge.silu_backward(F32, np.ones((2, 4), np.float32)), ValueError,
+     r"silu_backward\(\): 'grad' of shape \[3\] and 'x' of shape \[2, 4\] cannot be broadcast together"),
+    (lambda: opforge.silu_backward(F32.astype(np.int32), F32.astype(np.int32)), TypeError,
+     r"silu_backward\(\): 'grad' must have dtype in \[float32, float64, float16, bfloat16\], got int32"),
+    (lambda: opforge.silu_backward(F32), TypeError, r"silu_backward\(\) missing required argument 'x'"),
+])
+def test_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
