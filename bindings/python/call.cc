@@ -135,6 +135,11 @@ nb::list infer_call(const OpDef& op, const nb::sequence& tensors, const nb::dict
       view.shape = nb::cast<std::vector<int64_t>>(meta[0]);
       view.dtype = dtype_from_name(nb::cast<std::string>(meta[1]));
       view.strides = contiguous_strides(view.shape);
+      if (nb::len(meta) > 2 && !meta[2].is_none()) {  // (device type name, index): checks devices agree
+        const std::string type = nb::cast<std::string>(meta[2][0]);
+        if (type != "cpu" && type != "cuda") fail(ErrorKind::runtime, op.name(), "(): unknown device type '", type, "'");
+        view.device = Device{type == "cuda" ? DeviceType::cuda : DeviceType::cpu, nb::cast<int32_t>(meta[2][1])};
+      }
       inputs.tensors.emplace_back(std::move(view));
     } else if (attrs.contains(spec.name.c_str())) {
       inputs.attrs.push_back(attr_from_python(op, spec, attrs[spec.name.c_str()]));

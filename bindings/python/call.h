@@ -26,7 +26,8 @@ PreparedCall prepare_call(const OpDef& op, const nanobind::args& args, const nan
 AttrValue attr_from_python(const OpDef& op, const ArgSpec& arg, nanobind::handle value);
 
 // Result (shape, dtype name) pairs from argument metadata alone: `tensors` holds, per tensor
-// argument, None or (shape, dtype name); `attrs` maps attribute names to values. Runs the
+// argument, None or (shape, dtype name[, (device type name, index)]); `attrs` maps attribute
+// names to values. With devices given, tensors on different devices fail as in a call. Runs the
 // validator and shape rule, so adapters (JAX abstract evaluation, torch fake kernels) get
 // the same checks and messages as eager calls.
 nanobind::list infer_call(const OpDef& op, const nanobind::sequence& tensors, const nanobind::dict& attrs);

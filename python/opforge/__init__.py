@@ -2,11 +2,20 @@
 
 Every registered op is a function here: ``opforge.rms_norm(x, weight, eps=1e-6)`` takes arrays
 of any DLPack-capable library (without a copy) and returns the same kind of array.
+Where torch is installed, every op is also a real torch operator, torch.ops.opforge.<op>, with
+autograd and torch.compile (see opforge.torch): it is defined as soon as both opforge and torch
+are imported, in either order, without `import opforge` importing torch itself.
 """
 
 from __future__ import annotations
 
+import importlib as _importlib
+import importlib.abc as _importlib_abc
+import importlib.util as _importlib_util
 import inspect as _inspect
+import sys as _sys
+import warnings as _warnings
+from pathlib import Path as _Path
 
 from . import _core
 from ._core import (
@@ -88,3 +97,43 @@ def info() -> dict:
 for _name in _core.op_names():
     globals()[_name] = _make_function(_core.op(_name))
 del _name
+
+
+def _load_torch_adapter() -> None:
+    """Imports opforge.torch, which defines torch.ops.opforge.<op>. A failure (say, a torch older
+    than the adapter supports) is a warning here, not a failed `import opforge`."""
+    if "opforge.torch" in _sys.modules:
+        return
+    try:
+        _importlib.import_module("opforge.torch")
+    except ImportError as error:
+        _warnings.warn(f"opforge: torch.ops.opforge is unavailable: {error}", stacklevel=3)
+
+
+class _AfterTorchImport(_importlib_abc.MetaPathFinder):
+    """Loads opforge.torch right after torch finishes importing. Importing torch takes seconds,
+    so `import opforge` does not do it for NumPy and JAX users; yet torch.ops.opforge.<op> exists
+    whichever of torch and opforge is imported first."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "torch":
+            return None
+        _sys.meta_path.remove(self)
+        spec = _importlib_util.find_spec("torch")  # the regular finders, now that this one is gone
+        if spec is not None and spec.loader is not None:
+            exec_module = spec.loader.exec_module
+
+            def exec_then_load(module):
+                exec_module(module)
+                _load_torch_adapter()
+
+            spec.loader.exec_module = exec_then_load
+        return spec
+
+
+# Only when this build has the torch adapter (cmake/torch.cmake builds it when torch is installed).
+if (_Path(__file__).with_name("libopforge_torch.so")).exists():
+    if "torch" in _sys.modules:
+        _load_torch_adapter()
+    else:
+        _sys.meta_path.insert(0, _AfterTorchImport())

@@ -1,0 +1,235 @@
+#include "call.h"
+
+#include <dlfcn.h>
+#include <torch/csrc/stable/accelerator.h>
+
+#include <array>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "opforge/dispatch.h"
+
+namespace opforge::torch_adapter {
+
+namespace {
+
+void check(AOTITorchError code, const char* call) {
+  if (code != AOTI_TORCH_SUCCESS) fail(ErrorKind::runtime, "opforge torch adapter: ", call, " failed");
+}
+
+// An owning AtenTensorHandle. Plain handles (not torch::stable::Tensor's shared_ptr) keep
+// the per-call cost down; the shim's delete drops one reference, like ~at::Tensor.
+struct TensorDeleter {
+  void operator()(AtenTensorOpaque* t) const { aoti_torch_delete_tensor_object(t); }
+};
+using OwnedTensor = std::unique_ptr<AtenTensorOpaque, TensorDeleter>;
+
+// torch's dtype and device codes come from the shim at run time: the stable ABI promises the
+// functions, not the numbers.
+struct DTypeCode {
+  int32_t code;
+  DType dtype;
+};
+const std::array<DTypeCode, 9>& dtype_codes() {
+  static const std::array<DTypeCode, 9> codes{{
+      {aoti_torch_dtype_float32(), DType::float32},
+      {aoti_torch_dtype_float64(), DType::float64},
+      {aoti_torch_dtype_float16(), DType::float16},
+      {aoti_torch_dtype_bfloat16(), DType::bfloat16},
+      {aoti_torch_dtype_int8(), DType::int8},
+      {aoti_torch_dtype_uint8(), DType::uint8},
+      {aoti_torch_dtype_int32(), DType::int32},
+      {aoti_torch_dtype_int64(), DType::int64},
+      {aoti_torch_dtype_bool(), DType::boolean},
+  }};
+  return codes;
+}
+
+// Names of torch dtypes opforge has no DType for, so the error says which one arrived.
+std::string unsupported_dtype_name(int32_t code) {
+  const std::pair<int32_t, const char*> names[] = {
+      {aoti_torch_dtype_int16(), "int16"},           {aoti_torch_dtype_uint16(), "uint16"},
+      {aoti_torch_dtype_uint32(), "uint32"},         {aoti_torch_dtype_uint64(), "uint64"},
+      {aoti_torch_dtype_complex32(), "complex32"},   {aoti_torch_dtype_complex64(), "complex64"},
+      {aoti_torch_dtype_complex128(), "complex128"}, {aoti_torch_dtype_float8_e4m3fn(), "float8_e4m3fn"},
+      {aoti_torch_dtype_float8_e5m2(), "float8_e5m2"},
+  };
+  for (const auto& [c, name] : names)
+    if (c == code) return name;
+  return str("with torch code ", code);
+}
+
+int32_t torch_dtype(DType dtype) {
+  for (const DTypeCode& c : dtype_codes())
+    if (c.dtype == dtype) return c.code;
+  fail(ErrorKind::runtime, "opforge torch adapter: no torch dtype for ", dtype_name(dtype));
+}
+
+// Must agree with python/opforge/torch.py, which raises the same message from fake kernels.
+// `torch_device` receives torch's own (type, index) for the allocation of the results.
+TensorView view_of(const OpDef& op, const ArgSpec& spec, AtenTensorHandle t, std::pair<int32_t, int32_t>& torch_device) {
+  TensorView view;
+  int32_t code = 0;
+  check(aoti_torch_get_dtype(t, &code), "aoti_torch_get_dtype");
+  bool known = false;
+  for (const DTypeCode& c : dtype_codes())
+    if (c.code == code) {
+      view.dtype = c.dtype;
+      known = true;
+    }
+  if (!known)
+    fail(ErrorKind::type, op.name(), "(): '", spec.name, "' has dtype ", unsupported_dtype_name(code),
+         ", which opforge does not support");
+  int32_t device_type = 0;
+  check(aoti_torch_get_device_type(t, &device_type), "aoti_torch_get_device_type");
+  check(aoti_torch_get_device_index(t, &view.device.index), "aoti_torch_get_device_index");
+  torch_device = {device_type, view.device.index};
+  if (device_type == aoti_torch_device_type_cpu())
+    view.device = Device{DeviceType::cpu, 0};  // torch's CPU index is -1, opforge's 0
+  else if (device_type == aoti_torch_device_type_cuda())
+    view.device.type = DeviceType::cuda;
+  else
+    fail(ErrorKind::runtime, op.name(), "(): '", spec.name, "' is on a device opforge cannot run on (torch device type ",
+         device_type, ")");
+  int64_t dim = 0;
+  int64_t* sizes = nullptr;
+  int64_t* strides = nullptr;
+  check(aoti_torch_get_dim(t, &dim), "aoti_torch_get_dim");
+  check(aoti_torch_get_sizes(t, &sizes), "aoti_torch_get_sizes");
+  check(aoti_torch_get_strides(t, &strides), "aoti_torch_get_strides");
+  view.shape.assign(sizes, sizes + dim);
+  view.strides.assign(strides, strides + dim);
+  check(aoti_torch_get_data_ptr(t, &view.data), "aoti_torch_get_data_ptr");  // storage offset included
+  return view;
+}
+
+// torch's current CUDA stream, from the CUDA shim in libtorch_cuda.so. Looked up at run time:
+// a CPU-only torch has no such library, and linking it would stop the adapter from loading there.
+void* current_cuda_stream(int32_t device_index) {
+  using GetStream = AOTITorchError (*)(int32_t, void**);
+  static const GetStream get = [] {
+    void* lib = dlopen("libtorch_cuda.so", RTLD_LAZY | RTLD_NOLOAD);
+    return lib ? reinterpret_cast<GetStream>(dlsym(lib, "aoti_torch_get_current_cuda_stream")) : nullptr;
+  }();
+  if (!get) fail(ErrorKind::runtime, "opforge torch adapter: this torch has no CUDA stream shim (libtorch_cuda.so)");
+  void* stream = nullptr;
+  check(get(device_index, &stream), "aoti_torch_get_current_cuda_stream");
+  return stream;
+}
+
+// Copies and frees a str argument; false if the shim failed (the handle is freed either way).
+bool take_string(StableIValue value, std::string& out) {
+  auto handle = torch::stable::detail::to<StringHandle>(value);
+  size_t length = 0;
+  const char* data = nullptr;
+  const bool ok = torch_string_length(handle, &length) == AOTI_TORCH_SUCCESS &&
+                  torch_string_c_str(handle, &data) == AOTI_TORCH_SUCCESS;
+  if (ok) out.assign(data, length);
+  torch_delete_string(handle);
+  return ok;
+}
+
+// Errors about to cross into torch, newest last, so Python can look up their kind by message.
+// A few suffice: Python asks right after the failing call, possibly from another thread.
+std::mutex error_mutex;
+std::deque<std::pair<ErrorKind, std::string>> recent_errors;
+
+}  // namespace
+
+void remember_error(const Error& error) {
+  std::lock_guard<std::mutex> lock(error_mutex);
+  recent_errors.emplace_back(error.kind(), error.what());
+  if (recent_errors.size() > 16) recent_errors.pop_front();
+}
+
+int error_kind(const char* text) {
+  const std::string_view haystack(text ? text : "");
+  std::lock_guard<std::mutex> lock(error_mutex);
+  for (auto it = recent_errors.rbegin(); it != recent_errors.rend(); ++it)
+    if (haystack.find(it->second) != std::string_view::npos) return static_cast<int>(it->first);
+  return -1;
+}
+
+void run_boxed(const OpDef& op, StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  const auto& specs = op.schema().args;
+  // Own every input before anything can throw, so an error never leaks a reference; shim
+  // failures on the way are raised once the loop is done.
+  std::vector<OwnedTensor> held(specs.size());
+  std::vector<AttrValue> attrs;
+  const char* failed = nullptr;
+  for (size_t i = 0; i < specs.size() && i < num_args; ++i) {
+    const StableIValue value = stack[i];
+    switch (specs[i].kind) {
+      case ArgKind::tensor: held[i].reset(torch::stable::detail::to<AtenTensorHandle>(value)); break;
+      case ArgKind::optional_tensor: {
+        // The stable headers unbox (and free) the optional as the targeted torch version boxes it.
+        auto t = torch::stable::detail::to<std::optional<torch::stable::Tensor>>(value);
+        AtenTensorHandle own = nullptr;
+        if (t && aoti_torch_new_tensor_handle(t->get(), &own) != AOTI_TORCH_SUCCESS) failed = "aoti_torch_new_tensor_handle";
+        held[i].reset(own);
+        break;
+      }
+      case ArgKind::float_: attrs.emplace_back(torch::stable::detail::to<double>(value)); break;
+      case ArgKind::int_: attrs.emplace_back(torch::stable::detail::to<int64_t>(value)); break;
+      case ArgKind::bool_: attrs.emplace_back(torch::stable::detail::to<bool>(value)); break;
+      case ArgKind::str: {
+        std::string text;
+        if (!take_string(value, text)) failed = "reading a str argument";
+        attrs.emplace_back(std::move(text));
+        break;
+      }
+    }
+  }
+  if (failed) fail(ErrorKind::runtime, "opforge torch adapter: ", failed, " failed");
+  OPFORGE_CHECK(num_args == specs.size() && num_outputs == static_cast<uint64_t>(op.schema().num_results),
+                "torch called ", op.name(), " with ", num_args, " arguments and ", num_outputs, " results");
+
+  OpInputs inputs;
+  inputs.attrs = std::move(attrs);
+  std::pair<int32_t, int32_t> torch_device{aoti_torch_device_type_cpu(), -1};
+  bool have_device = false;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!specs[i].is_tensor()) continue;
+    if (!held[i]) {
+      inputs.tensors.emplace_back(std::nullopt);
+      continue;
+    }
+    std::pair<int32_t, int32_t> this_device;
+    inputs.tensors.emplace_back(view_of(op, specs[i], held[i].get(), this_device));
+    if (!have_device) torch_device = this_device;  // results go where the first tensor is
+    have_device = true;
+  }
+  const Outputs results = infer_outputs(op, inputs);
+  const Selection selection = select_kernel(op, inputs);
+  const Device device = device_of(inputs);
+
+  // CUDA kernels launch on torch's current stream of the tensors' device, with that device current.
+  std::optional<torch::stable::accelerator::DeviceGuard> guard;
+  void* stream = nullptr;
+  if (device.type == DeviceType::cuda) {
+    guard.emplace(device.index);
+    stream = current_cuda_stream(device.index);
+  }
+  std::vector<OwnedTensor> outputs;
+  std::vector<TensorView> views;
+  for (const OutputSpec& spec : results) {
+    TensorView view{nullptr, spec.dtype, device, spec.shape, contiguous_strides(spec.shape)};
+    AtenTensorHandle out = nullptr;
+    check(aoti_torch_empty_strided(static_cast<int64_t>(view.shape.size()), view.shape.data(), view.strides.data(),
+                                   torch_dtype(spec.dtype), torch_device.first, torch_device.second, &out),
+          "aoti_torch_empty_strided");
+    outputs.emplace_back(out);
+    check(aoti_torch_get_data_ptr(out, &view.data), "aoti_torch_get_data_ptr");
+    views.push_back(std::move(view));
+  }
+  run_kernel(op, selection, inputs, views, stream);
+  // torch takes over each result's reference from the stack.
+  for (size_t i = 0; i < outputs.size(); ++i) stack[i] = torch::stable::detail::from(outputs[i].release());
+}
+
+}  // namespace opforge::torch_adapter

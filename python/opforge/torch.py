@@ -1,0 +1,310 @@
+"""opforge ops as PyTorch operators, derived from their declarations: no per-op torch code.
+
+libopforge_torch.so (bindings/torch, LibTorch's stable ABI: one binary for torch 2.11 and later)
+defines torch.ops.opforge.<op> from each op's schema, with one generic boxed kernel for CPU
+and CUDA tensors. This module loads it (``import opforge`` does, once torch is imported) and
+registers, for every op: a fake (meta) kernel from the op's C++ shape rule, so FakeTensor,
+meta tensors and torch.compile work and bad inputs fail while tracing with opforge's messages;
+autograd through the declared backward op (an op without one raises when differentiated); and
+``opforge.torch.<op>(...)`` with the schema's signature, type hints (torch.pyi) and docstring.
+
+Errors: torch raises every exception from a stable-ABI kernel as RuntimeError. The autograd
+kernel and the functions here re-raise opforge's errors with their own type (TypeError,
+ValueError, NotImplementedError) and message; a torch.ops.opforge call under
+torch.inference_mode (no autograd kernel runs) raises RuntimeError with the same message.
+Under torch.compile the fake kernel raises, and torch wraps that as it wraps any op's error
+while tracing (torch._dynamo.exc.TorchRuntimeError, with opforge's error in the message).
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__":  # python -m opforge.torch: run the imported module (registers once)
+    import sys
+
+    import opforge.torch
+
+    sys.exit(opforge.torch._main(sys.argv[1:]))
+
+import ctypes
+import keyword
+from pathlib import Path
+
+import torch
+
+from . import _core
+
+_LIBRARY = Path(__file__).with_name("libopforge_torch.so")
+_MIN_TORCH = (2, 11)  # the stable-ABI version the adapter is built for (cmake/torch.cmake)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split("+")[0].split(".")[:2] if p.isdigit())
+
+
+if _version(torch.__version__) < _MIN_TORCH:
+    raise ImportError(f"opforge.torch needs torch >= {'.'.join(map(str, _MIN_TORCH))} (the LibTorch stable ABI "
+                      f"it is built on); this is torch {torch.__version__}")
+if not _LIBRARY.exists():
+    raise ImportError("opforge.torch: this opforge was built without the torch adapter (torch was not importable "
+                      "at build time); install torch and rebuild opforge (pip install --no-build-isolation .)")
+torch.ops.load_library(str(_LIBRARY))
+_native = ctypes.CDLL(str(_LIBRARY))  # the same loaded library: its two extern "C" helpers
+_native.opforge_torch_registration_errors.restype = ctypes.c_char_p
+_native.opforge_torch_error_kind.argtypes = [ctypes.c_char_p]
+_native.opforge_torch_error_kind.restype = ctypes.c_int
+if _native.opforge_torch_registration_errors():
+    raise ImportError("opforge.torch: " + _native.opforge_torch_registration_errors().decode())
+
+_DTYPES = {name: getattr(torch, name) for name in
+           ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool")}
+_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+_ERROR_TYPES = (TypeError, ValueError, NotImplementedError)  # opforge::ErrorKind 0, 1, 2
+
+
+def _reraise(error: RuntimeError):
+    """Raises `error` again, as TypeError/ValueError/NotImplementedError if it is an opforge error
+    of that kind (the C++ kernel remembers the kinds of the errors it lets torch raise)."""
+    if type(error) is RuntimeError:
+        kind = _native.opforge_torch_error_kind(str(error).encode())
+        if 0 <= kind < len(_ERROR_TYPES):
+            raise _ERROR_TYPES[kind](str(error)) from None
+    raise error
+
+
+class _Library(torch.library.Library):
+    """A Library whose kernels re-raise opforge's errors with their type. register_autograd
+    installs its Python kernel through `lib.impl`, so every eager torch.ops.opforge call with
+    autograd enabled passes through here."""
+
+    def impl(self, op_name, fn, dispatch_key="", **kwargs):
+        def kernel(*args, **kw):
+            try:
+                return fn(*args, **kw)
+            except RuntimeError as error:
+                _reraise(error)
+
+        return super().impl(op_name, kernel, dispatch_key, **kwargs)
+
+
+_LIB = _Library("opforge", "IMPL")  # must stay alive: its registrations die with it
+
+
+class _Op:
+    """What the torch side needs to know of one op, read once from its declaration."""
+
+    def __init__(self, name: str):
+        self.name = name
+        # Plain data only: torch keeps the kernels below until the process exits, and a _core.Op
+        # held that long shows up in nanobind's leak report at exit.
+        core = _core.op(name)
+        self.args, self.backward, self.num_results = core.args, core.backward, core.num_results
+        self.schema, self.doc = core.schema, core.doc
+        self.tensor_names = [a["name"] for a in self.args if a["kind"].startswith("Tensor")]
+        self.attr_names = [a["name"] for a in self.args if not a["kind"].startswith("Tensor")]
+        self.defaults = {a["name"]: a["default"] for a in self.args if a["has_default"]}
+        self.overload = getattr(torch.ops.opforge, name).default
+        for a in self.args:
+            if not a["name"].isidentifier() or keyword.iskeyword(a["name"]):
+                raise ImportError(f"opforge.torch: op '{name}' has argument '{a['name']}', not a Python identifier")
+
+    def bind(self, args, kwargs) -> dict:
+        """Argument values by name. torch drops trailing arguments equal to their defaults."""
+        values = dict(self.defaults)
+        values.update(zip((a["name"] for a in self.args), args))
+        values.update(kwargs)
+        return values
+
+
+def _hint(size) -> int:
+    """A size as an int: a SymInt's example value, without a guard (unbacked ones get guarded)."""
+    if isinstance(size, torch.SymInt):
+        return size.node.hint if size.node.has_hint() else int(size)
+    return size
+
+
+_PROBE = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29)  # a distinct factor per distinct symbolic size
+
+
+def _symbolic(shapes, symbols: dict, infer_scaled):
+    """Result sizes as SymInts where they follow one symbolic input size.
+
+    The shape rule ran on the sizes' hints; it runs once more with each distinct symbolic size
+    scaled by its own prime (scaling keeps divisibility the rule may check; distinct factors
+    keep a size computed from one symbol from passing for another). A result size that follows
+    a symbol at both points is that SymInt; one that stays put is a constant. Anything else (a
+    size computed from symbols, a probe the rule rejects) specializes every symbol: guarded to
+    its value, correct, recompiled when it changes.
+    """
+    probe = {h: h * p for h, p in zip(symbols, _PROBE)}
+    try:
+        probed = [shape for shape, _ in infer_scaled(probe)] if len(probe) == len(symbols) else None
+    except (TypeError, ValueError, NotImplementedError, RuntimeError):
+        probed = None
+    out = []
+    for k, shape in enumerate(shapes):
+        dims = []
+        for j, v in enumerate(shape):
+            v1 = probed[k][j] if probed and len(probed[k]) == len(shape) else None
+            if v1 == v:
+                dims.append(v)
+            elif v in symbols and v1 == probe[v]:
+                dims.append(symbols[v])
+            else:
+                for sym in symbols.values():
+                    int(sym)  # specialize: a guard that it keeps its value
+                dims.append(v)
+        out.append(dims)
+    return out
+
+
+def _fake_kernel(op: _Op):
+    """The op's fake (and meta) kernel: the C++ validator and shape rule on the tensors' metadata,
+    results contiguous on the inputs' device like the real kernel's."""
+
+    def infer(tensors, attrs, size):
+        # Devices opforge has no kernels for (meta) are not compared.
+        metas = [None if t is None else (tuple(size(s) for s in t.shape), _DTYPE_NAMES[t.dtype],
+                                          (t.device.type, t.device.index or 0) if t.device.type in ("cpu", "cuda") else None)
+                 for t in tensors]
+        return _core.op(op.name).infer(metas, attrs)
+
+    def fake(*args, **kwargs):
+        values = op.bind(args, kwargs)
+        tensors = [values[n] for n in op.tensor_names]
+        for name, t in zip(op.tensor_names, tensors):
+            if t is not None and t.dtype not in _DTYPE_NAMES:  # as the C++ kernel says it
+                raise TypeError(f"{op.name}(): '{name}' has dtype {str(t.dtype).removeprefix('torch.')}, "
+                                "which opforge does not support")
+        attrs = {n: values[n] for n in op.attr_names}
+        results = infer(tensors, attrs, _hint)
+        shapes = [shape for shape, _ in results]
+        symbols = {}  # hint -> the first SymInt with that hint
+        for s in (s for t in tensors if t is not None for s in t.shape if isinstance(s, torch.SymInt)):
+            if s != symbols.setdefault(_hint(s), s):  # a guard, true now: sizes sharing a hint stay equal
+                raise AssertionError("unreachable")
+        if symbols:
+            shapes = _symbolic(shapes, symbols, lambda probe: infer(
+                tensors, attrs, lambda s: probe[_hint(s)] if isinstance(s, torch.SymInt) else s))
+        present = [t for t in tensors if t is not None]
+        outs = [present[0].new_empty(shape, dtype=_DTYPES[dtype]) if present else torch.empty(shape, dtype=_DTYPES[dtype])
+                for shape, (_, dtype) in zip(shapes, results)]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return fake
+
+
+def _autograd_rules(op: _Op):
+    """(setup_context, backward) calling the declared backward op, its arguments bound by name:
+    "grad" is the cotangent, "result" the op's result, any other name the op's argument."""
+    if op.backward is None:
+        def not_differentiable(ctx, *grads):
+            raise RuntimeError(f"{op.name}() is not differentiable: its declaration names no backward op")
+        return None, not_differentiable
+    backward_name, differentiable = op.backward
+    if backward_name not in _OPS:
+        raise ImportError(f"opforge.torch: {op.name}() declares backward op '{backward_name}', which is not registered")
+    bwd = _OPS[backward_name]
+    wanted = {a["name"] for a in bwd.args}
+    unknown = wanted - {"grad", "result", *(a["name"] for a in op.args), *bwd.defaults}
+    if unknown:
+        raise ImportError(f"opforge.torch: {backward_name}() takes {sorted(unknown)}, which {op.name}() cannot supply")
+    saved = [n for n in op.tensor_names if n in wanted] + (["result"] if "result" in wanted else [])
+
+    def setup_context(ctx, inputs, output):
+        values = op.bind(inputs, {})
+        values["result"] = output
+        ctx.save_for_backward(*(values[n] for n in saved))
+        ctx.attrs = {n: values[n] for n in op.attr_names}
+        ctx.absent = {n for n in op.tensor_names if values[n] is None}  # torch wants None grads for them
+
+    def backward(ctx, *grads):
+        if len(grads) != 1:
+            raise NotImplementedError(f"{op.name}(): backward through an op with several results is not supported yet")
+        values = {**bwd.defaults, **ctx.attrs, **dict(zip(saved, ctx.saved_tensors)), "grad": grads[0]}
+        result = bwd.overload(*(values[a["name"]] for a in bwd.args))
+        by_name = dict(zip(differentiable, result if isinstance(result, tuple) else (result,)))
+        return tuple(None if a["name"] in ctx.absent else by_name.get(a["name"]) for a in op.args)
+
+    return setup_context, backward
+
+
+# Per schema kind: annotation, a test that is true for a wrong value of argument {n}, and what
+# the error says was expected (the generic adapter's wording).
+_KINDS = {
+    "Tensor": ("Tensor", "not isinstance({n}, Tensor)", "a Tensor"),
+    "Tensor?": ("Tensor | None", "{n} is not None and not isinstance({n}, Tensor)", "a Tensor or None"),
+    "float": ("float", "isinstance({n}, bool) or not isinstance({n}, (float, int, SymFloat, SymInt))", "a float"),
+    "int": ("int", "isinstance({n}, bool) or not isinstance({n}, (int, SymInt))", "an int"),
+    "bool": ("bool", "not isinstance({n}, (bool, SymBool))", "a bool"),
+    "str": ("str", "not isinstance({n}, str)", "a str"),
+}
+
+
+def _signature_text(op: _Op) -> str:
+    params = [f"{a['name']}: {_KINDS[a['kind']][0]}" + (f" = {a['default']!r}" if a["has_default"] else "")
+              for a in op.args]
+    n = op.num_results
+    return f"{op.name}({', '.join(params)}) -> {'Tensor' if n == 1 else 'tuple[' + ', '.join(['Tensor'] * n) + ']'}"
+
+
+def _make_function(op: _Op):
+    """opforge.torch.<op>: the schema's signature as real Python parameters (so Python itself
+    binds them), argument kinds checked, then one call of the torch op. Generated source, not a
+    *args wrapper, because binding by hand would cost more than the op's own dispatch."""
+    names = ", ".join(a["name"] for a in op.args)
+    checks = "".join(f"    if {_KINDS[a['kind']][1].format(n=a['name'])}:\n"
+                     f"        __bad({a['name']!r}, {_KINDS[a['kind']][2]!r}, {a['name']})\n" for a in op.args)
+    grad = " or ".join(f"({n} is not None and {n}.requires_grad)" for n in op.tensor_names) or "False"
+    # Without a gradient to track, the call skips the autograd kernel (Python, and most of the
+    # cost of a small call) the way that kernel itself would: below autograd, the same kernel.
+    source = (f"def {_signature_text(op)}:\n{checks}"
+              f"    if __compiling():  # torch.compile traces the op itself; errors come from its fake kernel\n"
+              f"        return __op({names})\n"
+              f"    try:\n"
+              f"        if __grad_enabled() and ({grad}):\n            return __op({names})\n"
+              f"        with __below_autograd():\n            return __op({names})\n"
+              f"    except RuntimeError as error:\n        __reraise(error)\n")
+
+    def bad(name, expected, value):
+        raise TypeError(f"{op.name}(): '{name}' must be {expected}, got {type(value).__name__}")
+
+    namespace = {"Tensor": torch.Tensor, "SymInt": torch.SymInt, "SymFloat": torch.SymFloat,
+                 "SymBool": torch.SymBool, "__op": op.overload, "__bad": bad, "__reraise": _reraise,
+                 "__compiling": torch.compiler.is_compiling, "__grad_enabled": torch.is_grad_enabled,
+                 "__below_autograd": torch._C._AutoDispatchBelowAutograd}
+    exec(compile(source, f"<opforge.torch.{op.name}>", "exec"), namespace)
+    function = namespace[op.name]
+    function.__module__ = __name__
+    grad = (f"Differentiable in {', '.join(op.backward[1])} (backward: {op.backward[0]})"
+            if op.backward else "Not differentiable")
+    function.__doc__ = (f"{op.schema}\n\n{op.doc}\n\nPyTorch: torch.ops.opforge.{op.name}, "
+                        f"torch.compile, FakeTensor. {grad}.")
+    return function
+
+
+def _stub_text() -> str:
+    """The type stub of this module (torch.pyi), from the op registry."""
+    lines = ["# Generated from the op registry by `python -m opforge.torch --write-stub`; do not edit.",
+             "from torch import Tensor", ""]
+    lines += [f"def {_signature_text(op)}: ..." for op in _OPS.values()]
+    return "\n".join(lines) + "\n"
+
+
+_OPS = {name: _Op(name) for name in _core.op_names()}
+for _op in _OPS.values():
+    torch.library.register_fake(_op.overload, _fake_kernel(_op), lib=_LIB)
+    _setup_context, _backward = _autograd_rules(_op)
+    torch.library.register_autograd(_op.overload, _backward, setup_context=_setup_context, lib=_LIB)
+    globals()[_op.name] = _make_function(_op)
+del _op, _setup_context, _backward
+
+
+def _main(argv: list[str]) -> int:
+    """python -m opforge.torch --write-stub [PATH]: regenerates the type stub (run from the repo root)."""
+    if not argv or argv[0] != "--write-stub":
+        print("usage: python -m opforge.torch --write-stub [PATH (default python/opforge/torch.pyi)]")
+        return 2
+    path = Path(argv[1] if len(argv) > 1 else "python/opforge/torch.pyi")
+    path.write_text(_stub_text())
+    print(f"wrote {path} ({len(_OPS)} ops)")
+    return 0

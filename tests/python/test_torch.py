@@ -1,0 +1,310 @@
+"""opforge.torch: every registered op as a real torch operator, held to one bar without naming
+ops: opcheck, gradcheck, torch.compile, references on strided inputs, errors, the stable ABI.
+
+Inputs come from each op's reference (opforge.references.<name>.sample); a backward op without
+one is fed from its forward op's sample (the cotangent drawn like the forward result).
+"""
+
+import importlib
+import inspect
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch._dynamo  # noqa: E402
+from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+import opforge  # noqa: E402
+import opforge.torch as ot  # noqa: E402
+from harness import FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, strided  # noqa: E402
+
+OPS = opforge._core.op_names()
+CORE = {name: opforge._core.op(name) for name in OPS}
+FORWARD_OF = {CORE[n].backward[0]: n for n in OPS if CORE[n].backward}
+DIFFERENTIABLE = [n for n in OPS if CORE[n].backward]
+WITH_REFERENCE = [n for n in OPS if importlib.util.find_spec(f"opforge.references.{n}") is not None]
+ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=ON_CUDA)]
+
+
+def reference(name):
+    return importlib.import_module(f"opforge.references.{name}")
+
+
+def tensor_names(name):
+    return [a["name"] for a in CORE[name].args if a["kind"].startswith("Tensor")]
+
+
+def dtypes(name):
+    return next(a for a in CORE[name].args if a["kind"].startswith("Tensor"))["dtypes"]
+
+
+def sample(name, rng, dtype, rows=5, cols=33, grad=False, device="cpu"):
+    """(tensors in schema order, attrs) for `name` in `dtype` on `device`; with grad, the
+    declared differentiable inputs require grad."""
+    if name in WITH_REFERENCE:
+        arrays, attrs = reference(name).sample(rng, rows=rows, cols=cols)
+
+        def convert(a):  # float64 data becomes `dtype`; indices and such keep their own dtype
+            a = np.asarray(a)
+            if a.dtype != np.float64:
+                return torch.from_numpy(a)
+            if dtype.startswith("int"):
+                a = rng.integers(-1000, 1000, a.shape)
+            return torch.from_numpy(a).to(getattr(torch, dtype))
+
+        tensors = [convert(a).to(device) for a in arrays]
+    elif name in FORWARD_OF:
+        forward = FORWARD_OF[name]
+        args, attrs = sample(forward, rng, dtype, rows, cols, device=device)
+        result = getattr(torch.ops.opforge, forward)(*args, **attrs)
+        values = {**dict(zip(tensor_names(forward), args)), "result": result,
+                  "grad": torch.from_numpy(rng.standard_normal(tuple(result.shape))).to(result.dtype).to(device)}
+        tensors = [values[n] for n in tensor_names(name)]
+    else:
+        pytest.skip(f"{name} has no reference and is no op's backward")
+    wanted = CORE[name].backward[1] if grad and CORE[name].backward else []
+    for n, t in zip(tensor_names(name), tensors):
+        t.requires_grad_(n in wanted)
+    return tensors, attrs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name, dtype", [pytest.param(n, d, id=f"{n}-{d}") for n in OPS for d in dtypes(n)])
+def test_opcheck(name, dtype, device, rng):
+    """All of opcheck's checks. Autograd registration needs inputs that require grad: a float
+    dtype (every op has an autograd kernel; ops without a backward raise when differentiated)."""
+    op = getattr(torch.ops.opforge, name).default
+    differentiable = bool(CORE[name].backward) and dtype in FLOAT_DTYPES
+    tensors, attrs = sample(name, rng, dtype, grad=differentiable, device=device)
+    checks = ["test_schema", "test_faketensor", "test_aot_dispatch_static", "test_aot_dispatch_dynamic"]
+    torch.library.opcheck(op, tuple(tensors), attrs, test_utils=checks + ["test_autograd_registration"] * differentiable)
+    if dtype in FLOAT_DTYPES and not differentiable:
+        needing = [t.detach().requires_grad_() for t in tensors]
+        torch.library.opcheck(op, tuple(needing), attrs, test_utils="test_autograd_registration")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_gradcheck_float64(name, device, rng):
+    tensors, attrs = sample(name, rng, "float64", rows=3, cols=7, grad=True, device=device)
+    assert torch.autograd.gradcheck(lambda *t: getattr(torch.ops.opforge, name)(*t, **attrs), tuple(tensors))
+
+
+@pytest.mark.parametrize("name", [n for n in DIFFERENTIABLE if n in WITH_REFERENCE])
+def test_grad_matches_reference_grad(name, rng):
+    tensors, attrs = sample(name, rng, "float64", rows=4, cols=9, grad=True)
+    copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+    getattr(ot, name)(*tensors, **attrs).sin().sum().backward()
+    reference(name).torch(*copies, **attrs).sin().sum().backward()
+    for t, c in zip(tensors, copies):
+        assert (t.grad is None) == (c.grad is None)
+        if t.grad is not None:
+            torch.testing.assert_close(t.grad, c.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_op_without_backward_raises_when_differentiated(rng):
+    name = next(n for n in OPS if not CORE[n].backward)
+    tensors, attrs = sample(name, rng, "float64", grad=False)
+    tensors[0].requires_grad_()
+    out = getattr(ot, name)(*tensors, **attrs)
+    out = out[0] if isinstance(out, tuple) else out
+    with pytest.raises(RuntimeError, match=rf"{name}\(\) is not differentiable"):
+        out.sum().backward()
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Each parametrized case compiles the same code objects anew; without a reset they would
+    count against dynamo's recompile limit."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", OPS)
+def test_compile_fullgraph_matches_eager(name, device, rng, fresh_dynamo):
+    tensors, attrs = sample(name, rng, "float32", device=device)
+
+    def f(*t):
+        out = getattr(ot, name)(*[u * 1 for u in t], **attrs)
+        return (out if isinstance(out, torch.Tensor) else out[0]) * 2
+
+    # fullgraph=True turns any graph break into an error.
+    torch.testing.assert_close(torch.compile(f, fullgraph=True, backend="aot_eager")(*tensors), f(*tensors))
+
+
+@pytest.mark.parametrize("name", [n for n in DIFFERENTIABLE if n in WITH_REFERENCE])
+def test_compile_dynamic_shapes_and_backward(name, rng, fresh_dynamo):
+    """Once a changing size is made dynamic (at the first recompile), new sizes reuse the graph:
+    results are sized by the inputs' SymInts, forward and backward."""
+    op = getattr(torch.ops.opforge, name)
+    attrs = sample(name, rng, "float64")[1]
+    counter = CompileCounterWithBackend("aot_eager")
+    fn = torch.compile(lambda *t: op(*t, **attrs).square().sum(), fullgraph=True, backend=counter)
+    compiled = []
+    for rows in (3, 6, 9, 12):
+        tensors = sample(name, rng, "float64", rows=rows, cols=8, grad=True)[0]
+        copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+        fn(*tensors).backward()
+        op(*copies, **attrs).square().sum().backward()
+        for t, c in zip(tensors, copies):
+            if t.grad is not None:
+                torch.testing.assert_close(t.grad, c.grad)
+        compiled.append(counter.frame_count)
+    assert compiled[1] == compiled[-1], compiled
+
+
+def test_compile_with_inductor(rng, fresh_dynamo):
+    (x, w), attrs = sample("rms_norm", rng, "float32")
+    f = lambda x, w: ot.rms_norm(x.relu(), w, **attrs) + 1  # noqa: E731
+    torch.testing.assert_close(torch.compile(f, fullgraph=True)(x, w), f(x, w))
+
+
+def float64_reference(name, values, attrs):
+    return reference(name).torch(*[torch.from_numpy(v) for v in values], **attrs).numpy()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("kind", STRIDED_KINDS["torch"])
+@pytest.mark.parametrize("name", WITH_REFERENCE)
+def test_strided_inputs_match_reference(name, kind, dtype, rng):
+    tensors, attrs = sample(name, rng, dtype, rows=6, cols=17)
+    views, values = zip(*[strided(rng, tuple(t.shape), "torch", dtype, kind) if t.is_floating_point()
+                          else (t, t.numpy()) for t in tensors])
+    assert not all(v.is_contiguous() for v in views)
+    want = float64_reference(name, values, attrs)
+    for fn in (getattr(ot, name), getattr(torch.ops.opforge, name)):
+        got = fn(*views, **attrs)
+        assert got.is_contiguous() and got.dtype == getattr(torch, dtype)
+        rtol, atol = TOLERANCES[dtype]
+        np.testing.assert_allclose(got.double().numpy(), want, rtol=rtol, atol=atol)
+
+
+# Bad inputs: eager calls raise opforge's type and message; compiled ones fail while tracing,
+# as torch's own ops do (TorchRuntimeError) with opforge's error inside.
+BAD = [
+    (lambda: ot.rms_norm(torch.ones(2, 4), torch.ones(3)), ValueError,
+     "rms_norm(): 'weight' must have shape [4], got [3]"),
+    (lambda: ot.rms_norm(torch.ones(2, 4, dtype=torch.int32), torch.ones(4, dtype=torch.int32)), TypeError,
+     "rms_norm(): 'x' must have dtype in [float32, float64, float16, bfloat16], got int32"),
+    (lambda: ot.add(torch.ones(3), torch.ones(3, dtype=torch.float64)), TypeError,
+     "add(): 'y' must have dtype float32 like 'x', got float64"),
+    (lambda: ot.add(torch.ones(2, 3), torch.ones(4)), ValueError,
+     "add(): 'x' of shape [2, 3] and 'y' of shape [4] cannot be broadcast together"),
+    (lambda: ot.rms_norm(torch.ones(2, 4), torch.ones(4), eps=-1.0), ValueError, "rms_norm(): 'eps' must be >= 0"),
+    (lambda: ot.add_one(torch.ones(3, dtype=torch.complex64)), TypeError,
+     "add_one(): 'x' has dtype complex64, which opforge does not support"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", BAD)
+@pytest.mark.parametrize("path", ["opforge.torch", "torch.ops", "compile"])
+def test_bad_input(call, error, message, path, monkeypatch):
+    if path == "torch.ops":  # the same calls, straight through the dispatcher
+        monkeypatch.setattr(ot, "add", torch.ops.opforge.add)
+        monkeypatch.setattr(ot, "add_one", torch.ops.opforge.add_one)
+        monkeypatch.setattr(ot, "rms_norm", torch.ops.opforge.rms_norm)
+    if path == "compile":
+        torch._dynamo.reset()  # the lambdas share code objects: count no recompiles against the limit
+        with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match=re.escape(message)) as info:
+            torch.compile(call, fullgraph=True, backend="aot_eager")()
+        assert f"{error.__name__}(" in str(info.value)
+    else:
+        with pytest.raises(error, match=re.escape(message)):
+            call()
+
+
+def test_inference_mode_skips_python_and_raises_runtime_error():
+    with torch.inference_mode(), pytest.raises(RuntimeError, match=re.escape("'weight' must have shape [4], got [3]")):
+        torch.ops.opforge.rms_norm(torch.ones(2, 4), torch.ones(3))
+    with torch.inference_mode(), pytest.raises(ValueError, match=re.escape("'weight' must have shape [4], got [3]")):
+        ot.rms_norm(torch.ones(2, 4), torch.ones(3))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: ot.add(torch.ones(3), 1.0), "add(): 'y' must be a Tensor, got float"),
+    (lambda: ot.rms_norm(torch.ones(2, 4), torch.ones(4), eps="a"), "rms_norm(): 'eps' must be a float, got str"),
+    (lambda: ot.rms_norm(torch.ones(2, 4)), "rms_norm() missing 1 required positional argument: 'weight'"),
+])
+def test_bad_argument_kinds(call, message):
+    with pytest.raises(TypeError, match=re.escape(message)):
+        call()
+
+
+def test_device_mismatch_fails_while_tracing():
+    with FakeTensorMode(), pytest.raises(RuntimeError, match=re.escape(
+            "add(): 'y' is on cuda:0 but 'x' is on cpu; all tensors must be on one device")):
+        torch.ops.opforge.add(torch.ones(3), torch.ones(3, device="cuda"))
+
+
+@ON_CUDA
+def test_cuda_on_current_stream_and_device_mismatch(rng):
+    x = torch.randn(64, 4096, device="cuda")
+    w = torch.randn(4096, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # x and w were made on the default stream
+    with torch.cuda.stream(stream):
+        got = ot.rms_norm(x, w)
+    stream.synchronize()
+    torch.testing.assert_close(got, reference("rms_norm").torch(x, w), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="all tensors must be on one device"):
+        ot.add(x, w.cpu())
+
+
+def test_fake_results_are_contiguous_like_real_ones(rng):
+    x = torch.randn(8, 6).t()  # non-contiguous input
+    with FakeTensorMode() as mode:
+        fake = torch.ops.opforge.add_one(mode.from_tensor(x))
+    real = torch.ops.opforge.add_one(x)
+    assert fake.shape == real.shape and fake.stride() == real.stride() == (8, 1)
+
+
+def test_adapter_imports_no_unstable_torch_symbols():
+    """The stable-ABI promise: the library imports C functions (aoti_torch_*, torch_*) only,
+    and does not link libc10 or libtorch_python."""
+    nm, readelf = shutil.which("nm"), shutil.which("readelf")
+    if not nm or not readelf:
+        pytest.skip("needs binutils (nm, readelf)")
+    library = str(ot._LIBRARY)
+    undefined = subprocess.run([nm, "-D", "--undefined-only", library], capture_output=True, text=True, check=True)
+    symbols = [line.split()[-1] for line in undefined.stdout.splitlines()]
+    # Anything in namespace c10, at or torch, mangled: _ZN3c10..., _ZNK2at..., _ZTIN5torch...
+    unstable = [s for s in symbols if re.match(r"_Z(T[IVS])?N[KVr]*(3c10|2at|5torch)\d", s)]
+    assert not unstable, f"unstable LibTorch C++ symbols imported: {unstable}"
+    assert any(s.startswith("aoti_torch_") for s in symbols)
+    needed = subprocess.run([readelf, "-d", library], capture_output=True, text=True, check=True).stdout
+    assert "libtorch_cpu.so" in needed
+    assert "libc10.so" not in needed and "libtorch_python.so" not in needed
+
+
+def test_stub_matches_registry():
+    stub = Path(__file__).parents[2] / "python" / "opforge" / "torch.pyi"
+    assert stub.read_text() == ot._stub_text(), "regenerate: python -m opforge.torch --write-stub"
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_functions_and_ops_follow_the_schema(name):
+    fn = getattr(ot, name)
+    params = list(inspect.signature(fn).parameters.values())
+    assert [p.name for p in params] == [a["name"] for a in CORE[name].args]
+    assert [p.annotation for p in params] == [ot._KINDS[a["kind"]][0] for a in CORE[name].args]
+    assert CORE[name].schema in fn.__doc__ and CORE[name].doc in fn.__doc__
+    schema = getattr(torch.ops.opforge, name).default._schema
+    assert [a.name for a in schema.arguments] == [a["name"] for a in CORE[name].args]
+    assert len(schema.returns) == CORE[name].num_results
+
+
+def test_import_opforge_defines_torch_ops_without_importing_torch():
+    code = ("import sys, opforge; assert 'torch' not in sys.modules; import torch; "
+            "print(torch.ops.opforge.add_one(torch.ones(2)).tolist())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0 and out.stdout.strip() == "[2.0, 2.0]", out.stderr
