@@ -1,0 +1,197 @@
+// layer_norm on the CPU: rows in parallel; per row three SIMD passes, of which only the
+// first reads x from memory (a row is in cache after it):
+//   1. sum(x - x[0]): shifted by one of the row's own values, the terms are as small as the
+//      spread, however large the mean (1e4 + N(0, 1) loses nothing in float32);
+//   2. sum(d^2) and sum(d) with d = x - mean: the second refines the mean, and the variance
+//      is ss/n - (sum(d)/n)^2, the exact identity for the refined mean;
+//   3. (x - mean) * rstd * weight + bias, stored.
+// The mean is kept as base + mu, base the float nearest it and mu the exact remainder, and
+// x - mean is taken as (x - base) - mu. Rounded to one float32 number, a mean of 1e4 would be
+// off by up to 5e-4, times rstd, in every output.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/layer_norm/layer_norm_cpu.cc"
+#include <hwy/foreach_target.h>  // re-includes this file once per target
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "opforge/cpu/simd-inl.h"
+#include "opforge/cpu/strided.h"
+#include "opforge/cpu/visit.h"
+#include "opforge/registry.h"
+
+#if HWY_ARCH_X86
+#include <immintrin.h>  // _mm_sfence
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace opforge::layer_norm_cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using namespace opforge::cpu::HWY_NAMESPACE;
+
+constexpr int64_t kBlock = 16;  // vectors
+// Outputs at least this big are written with non-temporal stores (see WriteRow).
+constexpr int64_t kStreamBytes = 8 << 20;
+// Elements per parallel chunk, at least (torch's grain): less work costs less than a thread handoff.
+constexpr int64_t kGrain = 1 << 15;
+
+// The row's mean is base + mu.
+template <typename C>
+struct Moments {
+  C base, mu, rstd;
+};
+
+// x is a contiguous row of n >= 1 elements.
+template <typename T>
+Moments<Compute<T>> RowMoments(const T* HWY_RESTRICT x, int64_t n, double eps) {
+  using C = Compute<T>;
+  const hn::ScalableTag<C> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const C shift = ToCompute(x[0]);
+  const auto vshift = hn::Set(d, shift);
+  auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + 4 * lanes <= n; i += 4 * lanes) {
+    a0 = hn::Add(a0, hn::Sub(LoadAs(d, x + i), vshift));
+    a1 = hn::Add(a1, hn::Sub(LoadAs(d, x + i + lanes), vshift));
+    a2 = hn::Add(a2, hn::Sub(LoadAs(d, x + i + 2 * lanes), vshift));
+    a3 = hn::Add(a3, hn::Sub(LoadAs(d, x + i + 3 * lanes), vshift));
+  }
+  for (; i + lanes <= n; i += lanes) a0 = hn::Add(a0, hn::Sub(LoadAs(d, x + i), vshift));
+  C sum = hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
+  for (; i < n; ++i) sum += ToCompute(x[i]) - shift;
+  const C inv_n = C(1) / static_cast<C>(n);
+  const C approx = sum * inv_n;
+  const C base = shift + approx;  // TwoSum: base + mu == shift + approx exactly
+  const C back = base - shift;
+  C mu = (shift - (base - back)) + (approx - back);
+
+  const auto vbase = hn::Set(d, base), vmu = hn::Set(d, mu);
+  // Blocks of kBlock vectors are summed apart, then added to the totals, so no partial sum
+  // runs over more than kBlock + n / (kBlock * lanes) terms: the variance keeps ~1 ulp.
+  auto ss_total = hn::Zero(d), c_total = hn::Zero(d);
+  for (i = 0; i + lanes <= n;) {
+    const int64_t stop = std::min(n, i + kBlock * lanes);
+    auto ss0 = hn::Zero(d), ss1 = hn::Zero(d), c0 = hn::Zero(d), c1 = hn::Zero(d);
+    for (; i + 2 * lanes <= stop; i += 2 * lanes) {
+      const auto d0 = hn::Sub(hn::Sub(LoadAs(d, x + i), vbase), vmu);
+      const auto d1 = hn::Sub(hn::Sub(LoadAs(d, x + i + lanes), vbase), vmu);
+      ss0 = hn::MulAdd(d0, d0, ss0);
+      ss1 = hn::MulAdd(d1, d1, ss1);
+      c0 = hn::Add(c0, d0);
+      c1 = hn::Add(c1, d1);
+    }
+    for (; i + lanes <= stop; i += lanes) {
+      const auto d0 = hn::Sub(hn::Sub(LoadAs(d, x + i), vbase), vmu);
+      ss0 = hn::MulAdd(d0, d0, ss0);
+      c0 = hn::Add(c0, d0);
+    }
+    ss_total = hn::Add(ss_total, hn::Add(ss0, ss1));
+    c_total = hn::Add(c_total, hn::Add(c0, c1));
+  }
+  C ss = hn::GetLane(hn::SumOfLanes(d, ss_total));
+  C c = hn::GetLane(hn::SumOfLanes(d, c_total));
+  for (; i < n; ++i) {
+    const C di = (ToCompute(x[i]) - base) - mu;
+    ss += di * di;
+    c += di;
+  }
+  const C correction = c * inv_n;
+  mu += correction;
+  const C var = std::max(ss * inv_n - correction * correction, C(0));
+  return {base, mu, C(1) / std::sqrt(var + static_cast<C>(eps))};
+}
+
+// out[0, n) = f(i) (a vector: the lanes from i on), fs(i) for single elements. With stream, the
+// aligned float32/float64 body goes out as non-temporal stores: a big output would not stay
+// in cache anyway, and skipping the read-for-ownership saves a third of the memory traffic.
+template <typename T, class F, class FS>
+HWY_INLINE void WriteRow(T* HWY_RESTRICT out, int64_t n, bool stream, const F& f, const FS& fs) {
+  const hn::ScalableTag<Compute<T>> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  if constexpr (std::is_same_v<T, Compute<T>>) {
+    if (stream) {
+      for (; i < n && reinterpret_cast<uintptr_t>(out + i) % (lanes * sizeof(T)) != 0; ++i) out[i] = fs(i);
+      for (; i + lanes <= n; i += lanes) hn::Stream(f(i), d, out + i);
+    }
+  }
+  for (; i + lanes <= n; i += lanes) StoreAs(d, f(i), out + i);
+  for (; i < n; ++i) out[i] = FromCompute<T>(fs(i));
+}
+
+// x, w, b (nullptr: no bias) and out are contiguous rows of n elements.
+template <typename T>
+void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, const T* HWY_RESTRICT w, const T* HWY_RESTRICT b, int64_t n,
+         double eps, bool stream) {
+  using C = Compute<T>;
+  const hn::ScalableTag<C> d;
+  const Moments<C> m = RowMoments(x, n, eps);
+  const auto vbase = hn::Set(d, m.base), vmu = hn::Set(d, m.mu), vrstd = hn::Set(d, m.rstd);
+  const auto xhat = [&](int64_t i) { return hn::Mul(hn::Sub(hn::Sub(LoadAs(d, x + i), vbase), vmu), vrstd); };
+  const auto xhat1 = [&](int64_t i) { return ((ToCompute(x[i]) - m.base) - m.mu) * m.rstd; };
+  if (b)
+    WriteRow(out, n, stream, [&](int64_t i) { return hn::MulAdd(xhat(i), LoadAs(d, w + i), LoadAs(d, b + i)); },
+             [&](int64_t i) { return xhat1(i) * ToCompute(w[i]) + ToCompute(b[i]); });
+  else
+    WriteRow(out, n, stream, [&](int64_t i) { return hn::Mul(xhat(i), LoadAs(d, w + i)); },
+             [&](int64_t i) { return xhat1(i) * ToCompute(w[i]); });
+}
+
+// A rank-1 tensor as a contiguous pointer, copied into buf if strided.
+template <typename T>
+const T* Contiguous(const TensorView& t, std::vector<T>& buf) {
+  const T* p = t.data_as<const T>();
+  if (t.stride(0) == 1) return p;
+  buf.resize(t.size(0));
+  for (int64_t i = 0; i < t.size(0); ++i) buf[i] = p[i * t.stride(0)];
+  return buf.data();
+}
+
+void Run(const KernelCall& call) {
+  const TensorView& x = call.tensor("x");
+  const TensorView* bias = call.optional_tensor("bias");
+  const double eps = call.attr_float("eps");
+  cpu::visit_float(x.dtype, "layer_norm", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t n = x.size(-1);
+    if (n == 0) return;
+    const int64_t rows = x.numel() / n;
+    std::vector<T> w_copy, b_copy;
+    const T* w = Contiguous(call.tensor("weight"), w_copy);
+    const T* b = bias ? Contiguous(*bias, b_copy) : nullptr;
+    const T* src = x.data_as<const T>();
+    T* dst = call.output().data_as<T>();
+    const int64_t step = x.stride(-1);
+    const bool stream = rows * n * static_cast<int64_t>(sizeof(T)) >= kStreamBytes;
+    parallel_for(rows, std::max<int64_t>(1, kGrain / n), [&](int64_t begin, int64_t end) {
+      std::vector<T> gathered(step == 1 ? 0 : n);
+      for (int64_t r = begin; r < end; ++r) {
+        const T* row = src + cpu::offset_of(r, x.shape.data(), x.strides.data(), x.rank() - 1);
+        if (step != 1) {  // strided rows are gathered so the SIMD loops stay simple
+          for (int64_t i = 0; i < n; ++i) gathered[i] = row[i * step];
+          row = gathered.data();
+        }
+        Row(dst + r * n, row, w, b, n, eps, stream);
+      }
+#if HWY_ARCH_X86
+      if (stream) _mm_sfence();  // non-temporal stores are visible before the pool hands back
+#endif
+    });
+  });
+}
+
+}  // namespace opforge::layer_norm_cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace opforge::layer_norm_cpu {
+HWY_EXPORT(Run);
+void run(const KernelCall& call) { HWY_DYNAMIC_DISPATCH(Run)(call); }
+OPFORGE_KERNEL(layer_norm, "cpu", float_dtypes(), run);
+}  // namespace opforge::layer_norm_cpu
+#endif

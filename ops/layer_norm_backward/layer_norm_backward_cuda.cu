@@ -1,0 +1,167 @@
+// layer_norm_backward on CUDA, in three launches on the caller's stream:
+//   rows:    one block per row; the moments as in the forward kernel (mean = base + mu), sums
+//            of g*w and g*w*(x - mean), then grad_x; base, mu and rstd kept
+//   partial: thread per column per fixed chunk of rows; sums g*xhat and g down the chunk
+//   combine: thread per column; adds the chunk partials in chunk order
+// Chunk count and every summation order depend on the shape only: grad_weight and grad_bias
+// are bitwise repeatable. The per-row moments and the partials live in a stream-ordered
+// workspace.
+#include <cmath>
+
+#include "opforge/cuda/common.cuh"
+#include "opforge/registry.h"
+
+namespace opforge::layer_norm_backward_cuda {
+
+constexpr int kThreads = 256;  // a multiple of 32
+constexpr int64_t kMaxChunks = 64;
+
+template <typename A>
+__device__ A block_sum(A v, A* shared) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();  // shared may still be read from the previous sum
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = shared[0];
+  for (int w = 1; w < blockDim.x / 32; ++w) v += shared[w];
+  return v;
+}
+
+template <typename T>
+__global__ void rows_kernel(T* gx, cuda::Acc<T>* moments, const T* g, cuda::Indexer g_rows, int64_t g_step,
+                            const T* x, cuda::Indexer x_rows, int64_t x_step, const T* w, int64_t w_step,
+                            int64_t rows, int64_t n, double eps) {
+  using A = cuda::Acc<T>;
+  __shared__ A shared[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* grow = g + g_rows.offset(r);
+    const T* xrow = x + x_rows.offset(r);
+    const A shift = cuda::load(xrow);
+    A sum = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += cuda::load(xrow + i * x_step) - shift;
+    const A approx = block_sum(sum, shared) / A(n);
+    const A base = shift + approx;  // TwoSum: base + mu == shift + approx exactly
+    const A back = base - shift;
+    A mu = (shift - (base - back)) + (approx - back);
+    A ss = 0, c = 0, gw_sum = 0, dot = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const A d = (cuda::load(xrow + i * x_step) - base) - mu;
+      const A gw = cuda::load(grow + i * g_step) * cuda::load(w + i * w_step);
+      ss += d * d;
+      c += d;
+      gw_sum += gw;
+      dot += gw * d;
+    }
+    ss = block_sum(ss, shared);
+    const A correction = block_sum(c, shared) / A(n);
+    gw_sum = block_sum(gw_sum, shared);
+    dot = block_sum(dot, shared) - correction * gw_sum;
+    mu += correction;
+    const A var = fmax(ss / A(n) - correction * correction, A(0));
+    const A rstd = A(1) / sqrt(var + A(eps));
+    const A coef = rstd * dot / A(n), offset = -rstd * gw_sum / A(n);
+    if (threadIdx.x == 0) {
+      moments[3 * r] = base;
+      moments[3 * r + 1] = mu;
+      moments[3 * r + 2] = rstd;
+    }
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const A xhat = ((cuda::load(xrow + i * x_step) - base) - mu) * rstd;
+      const A gw = cuda::load(grow + i * g_step) * cuda::load(w + i * w_step);
+      cuda::store(gx + r * n + i, rstd * (gw - xhat * coef) + offset);
+    }
+  }
+}
+
+template <typename T>
+__global__ void partial_kernel(cuda::Acc<T>* partial_w, cuda::Acc<T>* partial_b, const cuda::Acc<T>* moments,
+                               const T* g, cuda::Indexer g_rows, int64_t g_step, const T* x, cuda::Indexer x_rows,
+                               int64_t x_step, int64_t rows, int64_t n, int64_t chunks) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t k = blockIdx.y;
+  if (i >= n) return;
+  cuda::Acc<T> sw = 0, sb = 0;
+  for (int64_t r = rows * k / chunks; r < rows * (k + 1) / chunks; ++r) {
+    const cuda::Acc<T> gi = cuda::load(g + g_rows.offset(r) + i * g_step);
+    const cuda::Acc<T>* m = moments + 3 * r;
+    sw += gi * ((cuda::load(x + x_rows.offset(r) + i * x_step) - m[0]) - m[1]) * m[2];
+    sb += gi;
+  }
+  partial_w[k * n + i] = sw;
+  partial_b[k * n + i] = sb;
+}
+
+template <typename T>
+__global__ void combine_kernel(T* gw, T* gb, const cuda::Acc<T>* partial_w, const cuda::Acc<T>* partial_b,
+                               int64_t n, int64_t chunks) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    cuda::Acc<T> sw = partial_w[i], sb = partial_b[i];
+    for (int64_t k = 1; k < chunks; ++k) {
+      sw += partial_w[k * n + i];
+      sb += partial_b[k * n + i];
+    }
+    cuda::store(gw + i, sw);
+    cuda::store(gb + i, sb);
+  }
+}
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess)
+    fail(ErrorKind::runtime, "layer_norm_backward(): ", what, " failed: ", cudaGetErrorString(status));
+}
+
+cuda::Indexer rows_of(const TensorView& t) {
+  std::vector<int64_t> outer(t.shape.begin(), t.shape.end() - 1);
+  std::vector<int64_t> outer_strides(t.strides.begin(), t.strides.end() - 1);
+  return cuda::make_indexer("layer_norm_backward", outer, outer_strides);
+}
+
+void run(const KernelCall& call) {
+  const TensorView& g = call.tensor("grad");
+  const TensorView& x = call.tensor("x");
+  const TensorView& w = call.tensor("weight");
+  const TensorView& gx = call.output(0);
+  const TensorView& gw = call.output(1);
+  const TensorView& gb = call.output(2);
+  cudaStream_t stream = cuda::stream_of(call);
+  const int64_t n = x.size(-1);
+  if (n == 0) return;
+  const int64_t rows = x.numel() / n;
+  if (rows == 0) {  // no rows: grad_weight and grad_bias are empty sums
+    check(cudaMemsetAsync(gw.data, 0, gw.nbytes(), stream), "cudaMemsetAsync");
+    check(cudaMemsetAsync(gb.data, 0, gb.nbytes(), stream), "cudaMemsetAsync");
+    return;
+  }
+  const auto g_rows = rows_of(g), x_rows = rows_of(x);
+  const int64_t chunks = rows < kMaxChunks ? rows : kMaxChunks;
+  cuda::visit(g.dtype, "layer_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_integral_v<T>) {
+      fail(ErrorKind::not_implemented, "layer_norm_backward(): no integer kernel");
+    } else {
+      using A = cuda::Acc<T>;
+      A* workspace = nullptr;
+      check(cudaMallocAsync(reinterpret_cast<void**>(&workspace), sizeof(A) * (3 * rows + 2 * chunks * n), stream),
+            "cudaMallocAsync");
+      A* moments = workspace;
+      A* partial_w = workspace + 3 * rows;
+      A* partial_b = partial_w + chunks * n;
+      const unsigned row_blocks = static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16);
+      rows_kernel<T><<<row_blocks, kThreads, 0, stream>>>(
+          gx.data_as<T>(), moments, g.data_as<const T>(), g_rows, g.stride(-1), x.data_as<const T>(), x_rows,
+          x.stride(-1), w.data_as<const T>(), w.stride(0), rows, n, call.attr_float("eps"));
+      const dim3 grid(static_cast<unsigned>((n + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
+      partial_kernel<T><<<grid, kThreads, 0, stream>>>(partial_w, partial_b, moments, g.data_as<const T>(), g_rows,
+                                                       g.stride(-1), x.data_as<const T>(), x_rows, x.stride(-1), rows,
+                                                       n, chunks);
+      combine_kernel<T><<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(gw.data_as<T>(), gb.data_as<T>(),
+                                                                                partial_w, partial_b, n, chunks);
+      check(cudaFreeAsync(workspace, stream), "cudaFreeAsync");  // first, so a failed launch leaks nothing
+      cuda::check_launch("layer_norm_backward");
+    }
+  });
+}
+
+OPFORGE_KERNEL(layer_norm_backward, "cuda", float_dtypes(), run);
+
+}  // namespace opforge::layer_norm_backward_cuda

@@ -1,0 +1,256 @@
+// The blocked matrix product behind linear_act and linear_act_backward (matmul-inl.h picks it or
+// the dot-product path): D[a, b] = sum_p A(a, p) B(b, p) for strided operands (element (r, p) of
+// an operand at data[r * rs + p * ps]), each finished tile handed to an Epilogue while it is still
+// in L1 (bias, activation, rounding to the output dtype), so the result is written once and never
+// swept again. Re-included once per Highway target.
+//
+// Gemm: lanes run along one operand, P, packed once into panels of 2 vectors' worth of rows
+// ([panel][p][2 * lanes], zero-padded); the other, Q, is broadcast element by element straight
+// from its rows (copied only where it needs converting or gathering). The micro-kernel keeps a
+// 2-vector x kTileS tile of sums in registers (16 with AVX-512, 12 of AVX2's 16). Blocking:
+// KC steps of p at a time keep a Q tile in L1 and a block of MC packed P rows in L2; partial sums
+// live in a per-task scratch between K blocks. P is the operand with fewer rows, which makes the
+// one transposing copy (packing) cheap next to the product: O(min(M, N) * K) for 2 M N K flops.
+//
+// Results do not depend on the thread count: every sum runs over p in the same order whichever
+// task computes it.
+#if defined(OPFORGE_OPS_LINEAR_ACT_GEMM_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef OPFORGE_OPS_LINEAR_ACT_GEMM_INL_H_
+#undef OPFORGE_OPS_LINEAR_ACT_GEMM_INL_H_
+#else
+#define OPFORGE_OPS_LINEAR_ACT_GEMM_INL_H_
+#endif
+
+#include <hwy/aligned_allocator.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "opforge/cpu/simd-inl.h"
+#include "opforge/parallel.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace opforge::gemm::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using cpu::HWY_NAMESPACE::Compute;
+using cpu::HWY_NAMESPACE::FromCompute;
+using cpu::HWY_NAMESPACE::LoadAs;
+using cpu::HWY_NAMESPACE::StoreAs;
+using cpu::HWY_NAMESPACE::ToCompute;
+
+// Element (r, p) at data[r * rs + p * ps], r < rows.
+template <typename T>
+struct Operand {
+  const T* data;
+  int64_t rows, rs, ps;
+};
+
+// Tile width: accumulators (2 * kTileS vectors) to hide FMA latency, within the vector registers,
+// and one pointer per Q row within the 15 general-purpose ones. With AVX-512, 8 (16 accumulators)
+// measured 11% faster than 12 on Zen 4: 12 row pointers spill.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+inline constexpr int kTileS = 8;
+#else
+inline constexpr int kTileS = 6;  // 12 accumulators + 3 of 16 registers
+#endif
+
+// What happens to finished sums. Row gets D[a, b0 + i] for i < count, contiguous in `vals`, which
+// stays readable (not meaningful) up to a whole vector past count. Cols gets a tile transposed,
+// D[a0 + i, b0 + j] = vals[j * ld + i] for i < na <= 2 * lanes and j < nb <= kTileS, and may
+// overwrite it; by default it transposes the tile and hands on its rows.
+template <typename C>
+class Epilogue {
+ public:
+  virtual ~Epilogue() = default;
+  virtual void Row(int64_t a, int64_t b0, const C* vals, int64_t count) const = 0;
+  virtual void Cols(int64_t a0, int64_t b0, C* vals, int64_t ld, int64_t na, int64_t nb) const {
+    constexpr int64_t kLanes = HWY_MAX_BYTES / sizeof(C), kLd = (kTileS + kLanes - 1) / kLanes * kLanes;
+    HWY_ALIGN C rows[2 * kLanes * kLd];
+    for (int64_t i = 0; i < na; ++i) {
+      for (int64_t j = 0; j < nb; ++j) rows[i * kLd + j] = vals[j * ld + i];
+      Row(a0 + i, b0, rows + i * kLd, nb);
+    }
+  }
+};
+
+// The first min(count, lanes) elements at p (stride `stride`) as Compute lanes, the rest zero.
+template <class D, typename T>
+HWY_INLINE hn::Vec<D> LoadN(D d, const T* p, int64_t stride, int64_t count) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  if (stride == 1 && count >= lanes) return LoadAs(d, p);
+  HWY_ALIGN hn::TFromD<D> buf[HWY_MAX_BYTES / sizeof(hn::TFromD<D>)];
+  for (int64_t i = 0; i < lanes; ++i) buf[i] = i < count ? ToCompute(p[i * stride]) : hn::TFromD<D>(0);
+  return hn::Load(d, buf);
+}
+
+// Stores the first min(count, lanes) lanes of v to p (stride `stride`), rounded to T.
+template <class D, typename T>
+HWY_INLINE void StoreN(D d, hn::Vec<D> v, T* p, int64_t stride, int64_t count) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  if (stride == 1 && count >= lanes) return StoreAs(d, v, p);
+  HWY_ALIGN hn::TFromD<D> buf[HWY_MAX_BYTES / sizeof(hn::TFromD<D>)];
+  hn::Store(v, d, buf);
+  for (int64_t i = 0; i < std::min(count, lanes); ++i) p[i * stride] = FromCompute<T>(buf[i]);
+}
+
+// c[j * ldc + i] (+)= sum_p panel[p][i] * q[j][p] for i < 2 * lanes, j < kTileS.
+template <class D, typename C = hn::TFromD<D>>
+HWY_NOINLINE void Tile(D d, const C* HWY_RESTRICT panel, const C* const* q_rows, int64_t kc, C* HWY_RESTRICT c,
+                       int64_t ldc, bool accumulate) {
+  constexpr int S = kTileS;
+  const size_t L = hn::Lanes(d);
+  hn::Vec<D> acc0[S], acc1[S];
+  const C* q[S];
+  for (int j = 0; j < S; ++j) {
+    q[j] = q_rows[j];
+    acc0[j] = accumulate ? hn::Load(d, c + j * ldc) : hn::Zero(d);
+    acc1[j] = accumulate ? hn::Load(d, c + j * ldc + L) : hn::Zero(d);
+  }
+  for (int64_t p = 0; p < kc; ++p) {
+    const auto a0 = hn::Load(d, panel + p * 2 * L);
+    const auto a1 = hn::Load(d, panel + p * 2 * L + L);
+#pragma GCC unroll 8
+    for (int j = 0; j < S; ++j) {
+      const auto b = hn::Set(d, q[j][p]);
+      acc0[j] = hn::MulAdd(a0, b, acc0[j]);
+      acc1[j] = hn::MulAdd(a1, b, acc1[j]);
+    }
+  }
+  for (int j = 0; j < S; ++j) {
+    hn::Store(acc0[j], d, c + j * ldc);
+    hn::Store(acc1[j], d, c + j * ldc + L);
+  }
+}
+
+// P's rows in panels of 2 * lanes, [panel][p][row in panel], as Compute values; rows past the
+// end are zero. A row-major P (ps == 1) is transposed in blocks of kPackBlock steps of p, so
+// the block being written stays in L1.
+template <typename TP, typename C>
+void PackPanels(const Operand<TP>& P, int64_t K, C* packed) {
+  const hn::ScalableTag<C> d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d)), VL = 2 * L;
+  const int64_t panels = (P.rows + VL - 1) / VL;
+  constexpr int64_t kPackBlock = 64;
+  parallel_for(panels, std::max<int64_t>(1, (1 << 15) / (VL * K + 1)), [&](int64_t begin, int64_t end) {
+    HWY_ALIGN C block[HWY_MAX_BYTES / sizeof(C) * 2 * kPackBlock];
+    for (int64_t panel = begin; panel < end; ++panel) {
+      C* dst = packed + panel * K * VL;
+      const int64_t r0 = panel * VL, valid = std::min(VL, P.rows - r0);
+      if (P.ps == 1) {
+        for (int64_t p0 = 0; p0 < K; p0 += kPackBlock) {
+          const int64_t pn = std::min(kPackBlock, K - p0);
+          for (int64_t i = 0; i < VL; ++i) {
+            C* row = block + i * kPackBlock;
+            if (i >= valid) {
+              std::fill(row, row + pn, C(0));
+              continue;
+            }
+            const TP* src = P.data + (r0 + i) * P.rs + p0;
+            for (int64_t p = 0; p < pn; p += L) hn::Store(LoadN(d, src + p, 1, pn - p), d, row + p);
+          }
+          for (int64_t p = 0; p < pn; ++p)
+            for (int64_t i = 0; i < VL; ++i) dst[(p0 + p) * VL + i] = block[i * kPackBlock + p];
+        }
+      } else {
+        for (int64_t p = 0; p < K; ++p)
+          for (int64_t i = 0; i < VL; i += L)
+            hn::Store(LoadN(d, P.data + (r0 + i) * P.rs + p * P.ps, P.rs, valid - i), d, dst + p * VL + i);
+      }
+    }
+  });
+}
+
+// Pointers to rows s..s+kTileS of Q over p0..p0+kc as contiguous Compute values: Q itself where
+// it already is that, else a copy in `buf` (kTileS rows of stride kc_max). Rows past `valid`
+// repeat row s (computed, never stored).
+template <typename TQ, typename C>
+void QRows(const Operand<TQ>& Q, int64_t s, int64_t valid, int64_t p0, int64_t kc, C* buf, int64_t kc_max,
+           const C* rows[kTileS]) {
+  if constexpr (std::is_same_v<TQ, C>) {
+    if (Q.ps == 1) {
+      for (int j = 0; j < kTileS; ++j) rows[j] = Q.data + (s + (j < valid ? j : 0)) * Q.rs + p0;
+      return;
+    }
+  }
+  if (Q.ps == 1) {
+    const hn::ScalableTag<C> d;
+    const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+    for (int64_t j = 0; j < valid; ++j)
+      for (int64_t p = 0; p < kc; p += L)
+        hn::StoreU(LoadN(d, Q.data + (s + j) * Q.rs + p0 + p, 1, kc - p), d, buf + j * kc_max + p);
+  } else {
+    for (int64_t p = 0; p < kc; ++p)  // p outer: a transposed Q has its rows side by side
+      for (int64_t j = 0; j < valid; ++j) buf[j * kc_max + p] = ToCompute(Q.data[(s + j) * Q.rs + (p0 + p) * Q.ps]);
+  }
+  for (int j = 0; j < kTileS; ++j) rows[j] = buf + (j < valid ? j : 0) * kc_max;
+}
+
+// D = P Q^T through the packed-panel micro-kernel. p_is_a: P is the product's A (the epilogue
+// gets columns of D), else its B (rows of D).
+template <typename TP, typename TQ>
+void Gemm(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is_a, const Epilogue<Compute<TP>>& epi) {
+  using C = Compute<TP>;
+  constexpr int S = kTileS;
+  const hn::ScalableTag<C> d;
+  const int64_t VL = 2 * static_cast<int64_t>(hn::Lanes(d));
+  const int64_t panels = (P.rows + VL - 1) / VL;
+  auto packed_buffer = hwy::AllocateAligned<C>(std::max<int64_t>(1, panels * VL * K));
+  C* packed = packed_buffer.get();
+  PackPanels(P, K, packed);
+
+  // Blocks by bytes: a KC x MC slice of packed P (384 KiB) in L2, a KC x S slice of Q in L1 (12 KiB
+  // with AVX-512); timings vary by a few % only between KC = 256 and 768.
+  constexpr int64_t KC = 384 * 4 / sizeof(C);
+  const int64_t mc_panels = std::max<int64_t>(1, 256 * 4 / static_cast<int64_t>(sizeof(C)) / VL);
+  const int64_t r_blocks = (panels + mc_panels - 1) / mc_panels;
+  // Q rows per task: a multiple of S, small enough that the pool has several tasks per thread.
+  int64_t nc = S * ((256 + S - 1) / S);
+  while (nc > S && r_blocks * ((Q.rows + nc - 1) / nc) < 4 * num_threads()) nc = S * ((nc / 2 + S - 1) / S);
+  const int64_t s_chunks = (Q.rows + nc - 1) / nc;
+
+  // A block of P small enough to stay in L2 whole: each Q tile goes through all of K at once,
+  // so Q (often the weight, read from memory once) streams row by row; else K blocks outermost.
+  const bool q_rows_outer = mc_panels * VL * K * static_cast<int64_t>(sizeof(C)) <= (512 << 10);
+
+  // Tasks of less than ~2^18 multiply-adds share a thread: waking one costs more than that.
+  const int64_t task_work = mc_panels * VL * nc * std::max<int64_t>(1, K);
+  parallel_for(r_blocks * s_chunks, std::max<int64_t>(1, (1 << 18) / task_work), [&](int64_t begin, int64_t end) {
+    const int64_t ldc = mc_panels * VL;
+    auto scratch_buffer = hwy::AllocateAligned<C>(nc * ldc), qbuf_buffer = hwy::AllocateAligned<C>(S * KC);
+    C *scratch = scratch_buffer.get(), *qbuf = qbuf_buffer.get();
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t panel0 = task / s_chunks * mc_panels, panel1 = std::min(panels, panel0 + mc_panels);
+      const int64_t s0 = task % s_chunks * nc, s1 = std::min(Q.rows, s0 + nc);
+      // Rows s..s+S of Q against the block's panels over p0..p0+KC; the last K block finishes them.
+      const auto step = [&](int64_t s, int64_t p0) {
+        const int64_t kc = std::min(KC, K - p0), valid = std::min<int64_t>(S, s1 - s);
+        const C* q[S];
+        QRows(Q, s, valid, p0, kc, qbuf, KC, q);
+        for (int64_t panel = panel0; panel < panel1; ++panel) {
+          C* c = scratch + (s - s0) * ldc + (panel - panel0) * VL;
+          Tile(d, packed + (panel * K + p0) * VL, q, kc, c, ldc, p0 > 0);
+          if (p0 + kc < K) continue;
+          const int64_t r0 = panel * VL, rows = std::min(VL, P.rows - r0);
+          if (p_is_a) epi.Cols(r0, s, c, ldc, rows, valid);
+          else
+            for (int64_t j = 0; j < valid; ++j) epi.Row(s + j, r0, c + j * ldc, rows);
+        }
+      };
+      const int64_t k_blocks = std::max<int64_t>(1, (K + KC - 1) / KC);  // one (empty) block when K = 0
+      if (q_rows_outer) {
+        for (int64_t s = s0; s < s1; s += S)
+          for (int64_t b = 0; b < k_blocks; ++b) step(s, b * KC);
+      } else {
+        for (int64_t b = 0; b < k_blocks; ++b)
+          for (int64_t s = s0; s < s1; s += S) step(s, b * KC);
+      }
+    }
+  });
+}
+
+}  // namespace opforge::gemm::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // OPFORGE_OPS_LINEAR_ACT_GEMM_INL_H_

@@ -1,0 +1,126 @@
+// linear_act's matrix product entry point, Matmul: the packed-panel Gemm of gemm-inl.h, or dot
+// products where one side has only a few rows (a matrix-vector product, in effect): packing would
+// cost as much as the product there. Rows of both operands are then read as they are, a few dot
+// products at a time along p, so each row of the big operand is read from memory once. Both
+// paths hand tiles to the same Epilogue. Re-included once per Highway target.
+#if defined(OPFORGE_OPS_LINEAR_ACT_MATMUL_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef OPFORGE_OPS_LINEAR_ACT_MATMUL_INL_H_
+#undef OPFORGE_OPS_LINEAR_ACT_MATMUL_INL_H_
+#else
+#define OPFORGE_OPS_LINEAR_ACT_MATMUL_INL_H_
+#endif
+
+#include <hwy/aligned_allocator.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "opforge/parallel.h"
+#include "ops/linear_act/gemm-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace opforge::gemm::HWY_NAMESPACE {
+
+// out[i][j] = sum_p x[i][p] * y[j][p] over K contiguous elements, MA x NB at a time.
+template <int MA, int NB, class D, typename TX, typename TY, typename C = hn::TFromD<D>>
+HWY_INLINE void DotTile(D d, const TX* const* x, const TY* const* y, int64_t K, C* out, int64_t ldo) {
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  hn::Vec<D> acc[MA][NB];
+  for (int i = 0; i < MA; ++i)
+    for (int j = 0; j < NB; ++j) acc[i][j] = hn::Zero(d);
+  int64_t p = 0;
+  for (; p + L <= K; p += L) {
+    hn::Vec<D> xv[MA];
+    for (int i = 0; i < MA; ++i) xv[i] = LoadAs(d, x[i] + p);
+    for (int j = 0; j < NB; ++j) {
+      const auto yv = LoadAs(d, y[j] + p);
+      for (int i = 0; i < MA; ++i) acc[i][j] = hn::MulAdd(xv[i], yv, acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MA; ++i) {
+    for (int j = 0; j < NB; ++j) {
+      C sum = hn::GetLane(hn::SumOfLanes(d, acc[i][j]));
+      for (int64_t t = p; t < K; ++t) sum += ToCompute(x[i][t]) * ToCompute(y[j][t]);
+      out[i * ldo + j] = sum;
+    }
+  }
+}
+
+// D = X Y^T (or its transpose) for an X of few rows: blocks of Y's rows in parallel, each row of
+// Y read once for all of X. x_is_a: X is the product's A. Both operands have ps == 1.
+template <typename TX, typename TY>
+void Dot(const Operand<TX>& X, const Operand<TY>& Y, int64_t K, bool x_is_a, const Epilogue<Compute<TX>>& epi) {
+  using C = Compute<TX>;
+  const hn::ScalableTag<C> d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  constexpr int64_t kBlock = 64;  // rows of Y per task
+  const int64_t nx = X.rows, nx_pad = (nx + L - 1) / L * L;
+  const int64_t blocks = (Y.rows + kBlock - 1) / kBlock;
+  parallel_for(blocks, std::max<int64_t>(1, (1 << 18) / (kBlock * (K + 1) * nx)), [&](int64_t begin, int64_t end) {
+    // [x][y] when X is A (rows of D are X's rows), else [y][x]; padded to whole vectors.
+    auto sums = hwy::AllocateAligned<C>(nx_pad * kBlock);
+    std::fill(sums.get(), sums.get() + nx_pad * kBlock, C(0));
+    const int64_t ld = x_is_a ? kBlock : nx_pad;
+    C tile[4 * 8];
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t y0 = block * kBlock, ny = std::min(kBlock, Y.rows - y0);
+      for (int64_t yb = 0; yb < ny; yb += (nx == 1 ? 8 : 4)) {
+        const TY* yr[8];
+        for (int64_t j = 0; j < 8; ++j) yr[j] = Y.data + (y0 + yb + std::min(j, ny - yb - 1)) * Y.rs;
+        const int64_t nb = std::min<int64_t>(nx == 1 ? 8 : 4, ny - yb);
+        for (int64_t xb = 0; xb < nx; xb += 4) {
+          const TX* xr[4];
+          const int64_t ma = std::min<int64_t>(4, nx - xb);
+          for (int64_t i = 0; i < 4; ++i) xr[i] = X.data + (xb + std::min(i, ma - 1)) * X.rs;
+          int64_t ldt = 4;
+          switch (ma) {
+            case 1:
+              if (nx == 1) {
+                DotTile<1, 8>(d, xr, yr, K, tile, 8);
+                ldt = 8;
+              } else {
+                DotTile<1, 4>(d, xr, yr, K, tile, 4);
+              }
+              break;
+            case 2: DotTile<2, 4>(d, xr, yr, K, tile, 4); break;
+            case 3: DotTile<3, 4>(d, xr, yr, K, tile, 4); break;
+            default: DotTile<4, 4>(d, xr, yr, K, tile, 4); break;
+          }
+          for (int64_t i = 0; i < ma; ++i)
+            for (int64_t j = 0; j < nb; ++j)
+              sums[x_is_a ? (xb + i) * ld + yb + j : (yb + j) * ld + xb + i] = tile[i * ldt + j];
+        }
+      }
+      if (x_is_a)
+        for (int64_t i = 0; i < nx; ++i) epi.Row(i, y0, sums.get() + i * ld, ny);
+      else
+        for (int64_t j = 0; j < ny; ++j) epi.Row(y0 + j, 0, sums.get() + j * ld, nx);
+    }
+  });
+}
+
+// D[a, b] = sum_p A(a, p) B(b, p) for a < A.rows, b < B.rows, every tile through `epi`.
+template <typename TA, typename TB>
+void Matmul(const Operand<TA>& A, const Operand<TB>& B, int64_t K, const Epilogue<Compute<TA>>& epi) {
+  static_assert(std::is_same_v<Compute<TA>, Compute<TB>>);
+  if (A.rows == 0 || B.rows == 0) return;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<Compute<TA>>()));
+  // A panel of 2 vectors' rows costs the same for 1 row as for all of them: below about 3/16 of
+  // that, dot products are faster (measured: 1-16 rows against 4096 x 4096 with AVX-512).
+  const int64_t dot_max = std::max<int64_t>(2, lanes * 3 / 8);
+  if (A.ps == 1 && B.ps == 1 && K > 0 && std::min(A.rows, B.rows) <= dot_max) {
+    if (A.rows <= B.rows) Dot(A, B, K, true, epi);
+    else Dot(B, A, K, false, epi);
+  } else if (A.rows <= B.rows) {
+    Gemm(A, B, K, true, epi);
+  } else {
+    Gemm(B, A, K, false, epi);
+  }
+}
+
+}  // namespace opforge::gemm::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // OPFORGE_OPS_LINEAR_ACT_MATMUL_INL_H_

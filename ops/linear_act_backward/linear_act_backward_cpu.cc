@@ -1,0 +1,101 @@
+// linear_act_backward on the CPU: three blocked products (ops/linear_act/gemm-inl.h). The first
+// recomputes z = x @ weight^T + bias and its epilogue turns each tile into g = grad * act'(z)
+// (skipped for act='none', where g = grad); then grad_x = g @ weight and grad_weight = g^T @ x.
+// grad_bias sums g over rows by column blocks, each in row order: no thread-count dependence.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/linear_act_backward/linear_act_backward_cpu.cc"
+#include <hwy/foreach_target.h>  // re-includes this file once per target
+#include <hwy/highway.h>
+
+#include <vector>
+
+#include "opforge/cpu/visit.h"
+#include "opforge/registry.h"
+#include "ops/linear_act/epilogue-inl.h"
+#include "ops/linear_act/matmul-inl.h"
+#include "ops/linear_act/linear_act.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace opforge::linear_act_backward_cpu::HWY_NAMESPACE {
+using namespace opforge::gemm::HWY_NAMESPACE;
+
+// A [rows, cols] view of t: its data as is where the leading dims step evenly, else a copy.
+template <typename T>
+Operand<T> Rows(const TensorView& t, int64_t rows, std::vector<T>& copy) {
+  int64_t rs;
+  if (linear_act::row_stride(t, &rs)) return {t.data_as<const T>(), rows, rs, t.stride(-1)};
+  copy = linear_act::gather_rows<T>(t);
+  return {copy.data(), rows, t.size(-1), 1};
+}
+
+// out[j] = sum over rows i of g[i * n + j], in row order.
+template <typename T, typename C>
+void SumRows(const C* g, int64_t m, int64_t n, T* out) {
+  const hn::ScalableTag<C> d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  constexpr int64_t kCols = 256;
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / (m * kCols + 1));
+  parallel_for((n + kCols - 1) / kCols, grain, [&](int64_t begin, int64_t end) {
+    HWY_ALIGN C sum[kCols];
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t j0 = block * kCols, cols = std::min(kCols, n - j0), vec_cols = cols / L * L;
+      std::fill(sum, sum + kCols, C(0));
+      for (int64_t i = 0; i < m; ++i) {
+        const C* row = g + i * n + j0;
+        int64_t j = 0;
+        for (; j < vec_cols; j += L) hn::Store(hn::Add(hn::Load(d, sum + j), hn::LoadU(d, row + j)), d, sum + j);
+        for (; j < cols; ++j) sum[j] += row[j];
+      }
+      for (int64_t j = 0; j < cols; ++j) out[j0 + j] = FromCompute<T>(sum[j]);
+    }
+  });
+}
+
+void Run(const KernelCall& call) {
+  const TensorView& grad = call.tensor("grad");
+  const TensorView& x = call.tensor("x");
+  const TensorView& w = call.tensor("weight");
+  const TensorView* bias = call.optional_tensor("bias");
+  cpu::visit_float(x.dtype, "linear_act_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using C = Compute<T>;
+    const int64_t k = x.size(-1), n = w.size(0);
+    int64_t m = 1;
+    for (int64_t dim = 0; dim + 1 < x.rank(); ++dim) m *= x.shape[dim];
+    std::vector<T> x_copy, grad_copy;
+    const Operand<T> xa = Rows(x, m, x_copy);
+    const Operand<T> ga = Rows(grad, m, grad_copy);
+    const Operand<T> wb{w.data_as<const T>(), n, w.stride(0), w.stride(1)};
+    const auto bias_c = PaddedBias<T>(bias, n);
+
+    auto g = hwy::AllocateAligned<C>(std::max<int64_t>(1, m * n));
+    VisitAct(call.attr_str("act"), "linear_act_backward", [&](auto, auto act_grad) {
+      if constexpr (std::is_same_v<decltype(act_grad), IdentityGrad>) {
+        parallel_for(m, std::max<int64_t>(1, 8192 / (n + 1)), [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i)
+            for (int64_t j = 0; j < n; ++j) g[i * n + j] = ToCompute(ga.data[i * ga.rs + j * ga.ps]);
+        });
+      } else {
+        const GradAct<T, decltype(act_grad)> epi(g.get(), n, ga.data, ga.rs, ga.ps, bias_c.data(), act_grad);
+        Matmul(xa, wb, k, epi);
+      }
+    });
+
+    const BiasAct<T, Identity> grad_x(call.output(0).data_as<T>(), k, nullptr, Identity{});
+    Matmul(Operand<C>{g.get(), m, n, 1}, Operand<T>{wb.data, k, wb.ps, wb.rs}, n, grad_x);
+    const BiasAct<T, Identity> grad_w(call.output(1).data_as<T>(), k, nullptr, Identity{});
+    Matmul(Operand<C>{g.get(), n, 1, n}, Operand<T>{xa.data, k, xa.ps, xa.rs}, m, grad_w);
+    SumRows(g.get(), m, n, call.output(2).data_as<T>());
+  });
+}
+
+}  // namespace opforge::linear_act_backward_cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace opforge::linear_act_backward_cpu {
+HWY_EXPORT(Run);
+void run(const KernelCall& call) { HWY_DYNAMIC_DISPATCH(Run)(call); }
+OPFORGE_KERNEL(linear_act_backward, "cpu", float_dtypes(), run);
+}  // namespace opforge::linear_act_backward_cpu
+#endif

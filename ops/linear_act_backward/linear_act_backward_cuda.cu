@@ -1,0 +1,85 @@
+// linear_act_backward on CUDA: the tiled product of ops/linear_act/gemm.cuh three times. The
+// first recomputes z = x @ weight^T + bias and stores g = grad * act'(z) (float workspace); then
+// grad_x = g @ weight and grad_weight = g^T @ x; grad_bias sums g's columns, one thread per
+// column in row order (deterministic).
+#include "opforge/registry.h"
+#include "ops/linear_act/gemm.cuh"
+
+namespace opforge::linear_act_backward_cuda {
+using namespace linear_act_cuda;
+
+template <typename T, class ActGrad>
+struct GradAct {
+  cuda::Acc<T>* g;
+  int64_t n;
+  const T* grad;
+  cuda::Indexer grad_rows;
+  int64_t grad_stride;
+  const T* bias;
+  int64_t bias_stride;
+  ActGrad act_grad;
+  __device__ void operator()(int64_t a, int64_t b, cuda::Acc<T> z) const {
+    if (bias) z += cuda::load(bias + b * bias_stride);
+    g[a * n + b] = act_grad(cuda::load(grad + grad_rows.offset(a) + b * grad_stride), z);
+  }
+};
+
+template <typename T, typename A>
+__global__ void sum_rows(T* out, const A* g, int64_t m, int64_t n) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x) {
+    A sum = 0;
+    for (int64_t i = 0; i < m; ++i) sum += g[i * n + j];
+    cuda::store(out + j, sum);
+  }
+}
+
+inline void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess)
+    fail(ErrorKind::runtime, "linear_act_backward(): ", what, " failed: ", cudaGetErrorString(status));
+}
+
+void run(const KernelCall& call) {
+  const char* op = "linear_act_backward";
+  const TensorView& grad = call.tensor("grad");
+  const TensorView& x = call.tensor("x");
+  const TensorView& w = call.tensor("weight");
+  const TensorView* bias = call.optional_tensor("bias");
+  const int64_t k = x.size(-1), n = w.size(0), m = grad.numel() / (n ? n : 1);
+  cudaStream_t stream = cuda::stream_of(call);
+  const std::vector<int64_t> lead(x.shape.begin(), x.shape.end() - 1);
+  const cuda::Indexer x_rows = cuda::make_indexer(op, lead, {x.strides.begin(), x.strides.end() - 1});
+  const cuda::Indexer g_rows = cuda::make_indexer(op, lead, {grad.strides.begin(), grad.strides.end() - 1});
+  for (int i = 0; i < 3; ++i) {  // empty sums (no rows, or n == 0) are zeros
+    const TensorView& out = call.output(i);
+    if (out.nbytes()) check(cudaMemsetAsync(out.data, 0, out.nbytes(), stream), "cudaMemsetAsync");
+  }
+  if (m == 0 || n == 0) return;
+  cuda::visit_float(x.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    using A = cuda::Acc<T>;
+    A* g = nullptr;
+    check(cudaMallocAsync(reinterpret_cast<void**>(&g), sizeof(A) * m * n, stream), "cudaMallocAsync");
+    const cuda::Indexer x_cols = cuda::make_indexer(op, {k}, {x.stride(-1)});
+    const Mat<T> xa{x.data_as<const T>(), x_rows, x_cols};
+    visit_act(call.attr_str("act"), [&](auto, auto act_grad) {
+      const GradAct<T, decltype(act_grad)> epi{g, n, grad.data_as<const T>(), g_rows, grad.stride(-1),
+                                               bias ? bias->data_as<const T>() : nullptr, bias ? bias->stride(0) : 0,
+                                               act_grad};
+      gemm<A>(op, m, n, k, xa, matrix(op, w.data_as<const T>(), n, w.stride(0), k, w.stride(1)), epi, stream);
+    });
+    if (k > 0) {
+      const BiasAct<T, Identity> gx{call.output(0).data_as<T>(), k, nullptr, 0, Identity{}};
+      const Mat<T> w_t = matrix(op, w.data_as<const T>(), k, w.stride(1), n, w.stride(0));
+      gemm<A>(op, m, k, n, matrix<A>(op, g, m, n, n, 1), w_t, gx, stream);
+      const BiasAct<T, Identity> gw{call.output(1).data_as<T>(), k, nullptr, 0, Identity{}};
+      gemm<A>(op, n, k, m, matrix<A>(op, g, n, 1, m, n), Mat<T>{x.data_as<const T>(), x_cols, x_rows}, gw, stream);
+    }
+    sum_rows<<<cuda::blocks_for(n, 256), 256, 0, stream>>>(call.output(2).data_as<T>(), static_cast<const A*>(g), m, n);
+    check(cudaFreeAsync(g, stream), "cudaFreeAsync");
+    cuda::check_launch(op);
+  });
+}
+
+OPFORGE_KERNEL(linear_act_backward, "cuda", float_dtypes(), run);
+
+}  // namespace opforge::linear_act_backward_cuda

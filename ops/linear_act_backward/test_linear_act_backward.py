@@ -1,0 +1,179 @@
+"""linear_act_backward against torch autograd of linear_act's torch reference in float64, on every
+dtype, SIMD target, activation and layout; gradients through the torch and JAX adapters with and
+without a bias; results bitwise the same whatever the thread count."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import opforge
+from harness import (FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, assert_result, cases, random, strided, to_float64,
+                     to_framework)
+from opforge.references import linear_act as linear_act_reference
+
+ACTS = ["none", "relu", "gelu", "gelu_tanh", "silu"]
+COMPUTE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-24, "bfloat16": 2.0**-24}
+# (m, n, k) as in test_linear_act.py: dot products, panels along either operand, K and row blocks.
+SHAPES = [(1, 7, 33), (1, 1, 1), (5, 65, 257), (65, 5, 33), (33, 65, 513), (257, 33, 65), (257, 300, 33)]
+
+
+def autograd(g, x, w, b, act):
+    """(grad_x, grad_weight, grad_bias) of the torch reference by autograd, in float64 (a zero
+    bias stands in for none: the same z, and its gradient is the sum the op returns)."""
+    xt, wt = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    bt = torch.from_numpy(np.zeros(w.shape[0]) if b is None else b).requires_grad_()
+    linear_act_reference.torch(xt, wt, bt, act).backward(torch.from_numpy(g))
+    return xt.grad.numpy(), wt.grad.numpy(), bt.grad.numpy()
+
+
+def check(grad, x, w, b, framework, dtype, act):
+    g64, x64, w64 = to_float64(grad), to_float64(x), to_float64(w)
+    b64 = None if b is None else to_float64(b)
+    got = opforge.linear_act_backward(grad, x, w, b, act=act)
+    want = autograd(g64, x64, w64, b64, act)
+    # Sums over n (grad_x) or the rows (grad_weight, grad_bias): an ulp per term of the magnitudes
+    # they ran over, |g| * |act'| <= 1.2 |g|; plus act' off by z's rounding (k ulps, |act''| <= 1).
+    k = x64.shape[-1]
+    rows_g = g64.reshape(-1, w64.shape[0])
+    rows_x = x64.reshape(rows_g.shape[0], k)
+    z_scale = np.abs(rows_x) @ np.abs(w64).T + (0 if b64 is None else np.abs(b64))
+    terms = max(w64.shape[0], rows_x.shape[0]) + 2
+    a = np.abs(rows_g) * (1.2 * terms + (k + 2) * z_scale)
+    scales = [(a @ np.abs(w64)).reshape(x64.shape), a.T @ np.abs(rows_x), a.sum(axis=0)]
+    rtol, atol = TOLERANCES[dtype]
+    for name, g, wv, scale in zip(("grad_x", "grad_weight", "grad_bias"), got, want, scales):
+        assert_result(g, framework, dtype, wv.shape)
+        allowed = atol + rtol * np.abs(wv) + 1.2 * COMPUTE_EPS[dtype] * scale
+        gv = to_float64(g)
+        bad = ~(np.abs(gv - wv) <= allowed)
+        assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off: got {gv[bad][:5]}, want {wv[bad][:5]}"
+
+
+def arrays(rng, m, n, k, framework, dtype, bias=True, lead=()):
+    grad = to_framework(random(rng, lead + (m, n), dtype), framework, dtype)
+    x = to_framework(random(rng, lead + (m, k), dtype), framework, dtype)
+    w = to_framework(random(rng, (n, k), dtype) / math.sqrt(max(k, 1)), framework, dtype)
+    b = to_framework(random(rng, (n,), dtype), framework, dtype) if bias else None
+    return grad, x, w, b
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("framework, dtype", cases(["numpy"], FLOAT_DTYPES) + cases(["torch"], ["bfloat16"]))
+def test_shapes(simd_target, rng, framework, dtype, shape):
+    check(*arrays(rng, *shape, framework, dtype), framework, dtype, "gelu")
+
+
+# relu only in float64: its derivative jumps at 0, where float32 rounding of z may pick either side.
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("shape", [(3, 40, 65), (33, 70, 300), (70, 33, 9)], ids=str)
+def test_acts(simd_target, rng, act, bias, shape):
+    check(*arrays(rng, *shape, "numpy", "float64", bias), "numpy", "float64", act)
+    if act != "relu":
+        check(*arrays(rng, *shape, "numpy", "float32", bias), "numpy", "float32", act)
+
+
+@pytest.mark.parametrize("framework, dtype", cases(["torch", "jax"], FLOAT_DTYPES))
+def test_frameworks(rng, framework, dtype):
+    check(*arrays(rng, 9, 20, 33, framework, dtype, lead=(2,)), framework, dtype, "silu")
+
+
+@pytest.mark.parametrize("lead", [(0,), (2, 0), (2, 3)], ids=str)
+def test_leading_dims(simd_target, rng, lead):
+    # No rows: grad_weight and grad_bias are empty sums (zeros); grad_x is empty.
+    check(*arrays(rng, lead[-1], 12, 20, "numpy", "float32", lead=lead[:-1]), "numpy", "float32", "gelu")
+
+
+def test_empty_k(rng):
+    # k = 0: z = bias, so grad_bias = sum of grad * act'(bias); grad_x and grad_weight are empty.
+    grad, x, w, b = arrays(rng, 4, 5, 0, "numpy", "float64")
+    gx, gw, gb = opforge.linear_act_backward(grad, x, w, b, act="silu")
+    assert gx.shape == (4, 0) and gw.shape == (5, 0)
+    check(grad, x, w, b, "numpy", "float64", "silu")
+
+
+@pytest.mark.parametrize("framework, kind", [(f, k) for f in ("numpy", "torch") for k in STRIDED_KINDS[f]])
+def test_strided(simd_target, rng, framework, kind):
+    grad, x, w, b = arrays(rng, 6, 40, 33, framework, "float32")
+    check(strided(rng, (6, 40), framework, "float32", kind)[0], x, w, b, framework, "float32", "gelu")
+    check(grad, strided(rng, (6, 33), framework, "float32", kind)[0], w, b, framework, "float32", "gelu")
+    check(grad, x, strided(rng, (40, 33), framework, "float32", kind)[0], b, framework, "float32", "gelu")
+    base = to_framework(random(rng, (2, 7, 33), "float32"), framework, "float32")  # rows not evenly spaced
+    check(grad.reshape(2, 3, 40)[:, :2], base[:, ::4], w, b, framework, "float32", "gelu")
+
+
+@pytest.fixture
+def restore_threads():
+    before = opforge.num_threads()
+    yield
+    opforge.set_num_threads(before)
+
+
+@pytest.mark.parametrize("shape", [(300, 260, 520), (2, 1000, 300), (1000, 3, 64)], ids=str)
+def test_deterministic_across_thread_counts(rng, restore_threads, shape):
+    args = arrays(rng, *shape, "torch", "float32")
+    results = []
+    for threads in (1, 2, 3, 1):
+        opforge.set_num_threads(threads)
+        results.append(opforge.linear_act_backward(*args, act="gelu"))
+    assert all(torch.equal(a, b) for r in results[1:] for a, b in zip(r, results[0]))
+
+
+@pytest.mark.parametrize("act", ["gelu", "relu", "silu"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_torch_autograd(rng, act, bias):
+    # Without a bias the adapter hands torch None for it and drops the computed grad_bias.
+    import opforge.torch as ot
+
+    _, x, w, b = arrays(rng, 4, 6, 5, "torch", "float64", lead=(2,))
+    args = [t.requires_grad_() for t in ((x, w, b) if bias else (x, w))]
+    assert torch.autograd.gradcheck(lambda *a: ot.linear_act(*a, act=act), args)
+    if not bias:
+        assert torch.autograd.gradcheck(lambda x, w: ot.linear_act(x, w, None, act=act), args)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_jax_grad(rng, bias):
+    import jax
+    import jax.numpy as jnp
+
+    import opforge.jax as oj
+
+    _, x, w, b = arrays(rng, 3, 6, 5, "jax", "float64", lead=(2,))
+    args = (x, w, b) if bias else (x, w)
+    loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(*a, act="gelu")))  # noqa: E731
+    ours = jax.grad(loss(oj.linear_act), argnums=tuple(range(len(args))))(*args)
+    theirs = jax.grad(loss(linear_act_reference.jax), argnums=tuple(range(len(args))))(*args)
+    for g, t in zip(ours, theirs):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(t), rtol=1e-10, atol=1e-12)
+
+
+def test_declared_as_linear_act_gradient():
+    assert opforge._core.op("linear_act").backward == ("linear_act_backward", ["x", "weight", "bias"])
+    assert opforge._core.op("linear_act").leading_dim_args == ["x"]
+
+
+G = np.ones((2, 4), np.float32)
+X = np.ones((2, 3), np.float32)
+W = np.ones((4, 3), np.float32)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: opforge.linear_act_backward(np.ones((2, 5), np.float32), X, W), ValueError,
+     r"linear_act_backward\(\): 'grad' must have shape \[2, 4\], got \[2, 5\]"),
+    (lambda: opforge.linear_act_backward(G, X, np.ones((4, 2), np.float32)), ValueError,
+     r"linear_act_backward\(\): 'weight' must have shape \[n, 3\] \(k = x.shape\[-1\] = 3\), got \[4, 2\]"),
+    (lambda: opforge.linear_act_backward(G, X, W, np.ones(5, np.float32)), ValueError,
+     r"linear_act_backward\(\): 'bias' must have shape \[4\], got \[5\]"),
+    (lambda: opforge.linear_act_backward(G, X, W, act="elu"), ValueError,
+     r"linear_act_backward\(\): 'act' must be one of 'none', 'relu', 'gelu', 'gelu_tanh', 'silu', got 'elu'"),
+    (lambda: opforge.linear_act_backward(G, X.astype(np.float64), W), TypeError,
+     r"linear_act_backward\(\): 'x' must have dtype float32 like 'grad', got float64"),
+    (lambda: opforge.linear_act_backward(G, X), TypeError,
+     r"linear_act_backward\(\) missing required argument 'weight'"),
+])
+def test_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

@@ -1,0 +1,105 @@
+// scatter_add on CUDA, deterministic without float atomics: the index is checked (one wait
+// on the stream, see scatter_index.cuh), a stable radix sort of (index, position) lists each
+// bucket's source positions in increasing order, a binary search finds where each bucket
+// starts, and one thread per output element sums its bucket in that order. Same order as the
+// CPU kernel, so the two agree bit for bit in float32 and float64.
+#include <cub/device/device_radix_sort.cuh>
+
+#include "opforge/cuda/common.cuh"
+#include "opforge/registry.h"
+#include "ops/scatter_add/scatter_index.cuh"
+
+namespace opforge::scatter_add_cuda {
+
+using scatter_cuda::kThreads;
+using Key = unsigned long long;
+
+__global__ void iota_kernel(int64_t* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) out[i] = i;
+}
+
+// start[j] = first p with sorted[p] >= j, for j in [0, dim_size].
+__global__ void start_kernel(int64_t* start, const Key* sorted, int64_t n, int64_t dim_size) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j <= dim_size; j += int64_t(gridDim.x) * blockDim.x) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (sorted[mid] < static_cast<Key>(j)) lo = mid + 1; else hi = mid;
+    }
+    start[j] = lo;
+  }
+}
+
+template <typename T>
+__global__ void sum_kernel(T* out, const T* src, scatter_cuda::SliceIndexers s, const int64_t* start, const int64_t* order,
+                           int64_t dim_size, int64_t total) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t k = e % s.inner_size, j = (e / s.inner_size) % dim_size, o = e / (s.inner_size * dim_size);
+    const T* base = src + s.outer.offset(o) + s.inner.offset(k);
+    cuda::Acc<T> acc = 0;
+    for (int64_t p = start[j]; p < start[j + 1]; ++p) acc += cuda::load(base + order[p] * s.step);
+    cuda::store(out + e, acc);
+  }
+}
+
+void run(const KernelCall& call) {
+  const char* op = "scatter_add";
+  const TensorView& src = call.tensor("src");
+  const TensorView& out = call.output();
+  const int64_t dim = scatter::checked_dim(call, "src");
+  const int64_t dim_size = call.attr_int("dim_size");
+  const int64_t n = src.shape[dim];
+  cudaStream_t stream = cuda::stream_of(call);
+  const auto s = scatter_cuda::slice_indexers(op, src, dim);
+
+  // Workspace: keys, sorted keys, positions, sorted positions, bucket starts, one scratch word,
+  // then cub's temporary storage.
+  int end_bit = 1;
+  while (end_bit < 63 && (int64_t{1} << end_bit) < dim_size) ++end_bit;
+  size_t sort_bytes = 0;
+  scatter_cuda::check(op, cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const Key*>(nullptr),
+                                                          static_cast<Key*>(nullptr), static_cast<const int64_t*>(nullptr),
+                                                          static_cast<int64_t*>(nullptr), n, 0, end_bit, stream),
+                      "cub::DeviceRadixSort sizing");
+  const size_t words = 4 * n + (dim_size + 1) + 1;
+  char* workspace = nullptr;
+  scatter_cuda::check(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), words * 8 + sort_bytes, stream),
+                      "cudaMallocAsync");
+  Key* keys = reinterpret_cast<Key*>(workspace);
+  Key* sorted = keys + n;
+  int64_t* positions = reinterpret_cast<int64_t*>(sorted + n);
+  int64_t* order = positions + n;
+  int64_t* start = order + n;
+  Key* scratch = reinterpret_cast<Key*>(start + dim_size + 1);
+  void* sort_storage = workspace + words * 8;
+  try {
+    if (const auto bad = scatter_cuda::read_index(call, keys, scratch, dim_size))
+      scatter::fail_index(call, "dim_size", dim_size, bad->second, bad->first);
+    if (n > 0) {
+      iota_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(positions, n);
+      scatter_cuda::check(op, cub::DeviceRadixSort::SortPairs(sort_storage, sort_bytes, keys, sorted, positions, order,
+                                                              n, 0, end_bit, stream),
+                          "cub::DeviceRadixSort::SortPairs");
+    }
+    start_kernel<<<cuda::blocks_for(dim_size + 1, kThreads), kThreads, 0, stream>>>(start, sorted, n, dim_size);
+    cuda::visit(src.dtype, op, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (std::is_integral_v<T>) {
+        fail(ErrorKind::not_implemented, "scatter_add(): no integer kernel");
+      } else {
+        const int64_t total = out.numel();
+        sum_kernel<T><<<cuda::blocks_for(total, kThreads), kThreads, 0, stream>>>(
+            out.data_as<T>(), src.data_as<const T>(), s, start, order, dim_size, total);
+      }
+    });
+    cuda::check_launch(op);
+  } catch (...) {
+    cudaFreeAsync(workspace, stream);
+    throw;
+  }
+  scatter_cuda::check(op, cudaFreeAsync(workspace, stream), "cudaFreeAsync");
+}
+
+OPFORGE_KERNEL(scatter_add, "cuda", float_dtypes(), run);
+
+}  // namespace opforge::scatter_add_cuda

@@ -1,0 +1,76 @@
+// CUDA side of scatter_add and scatter_add_backward: the index read into uint64 keys and
+// bounds-checked on the device. The first bad position (atomicMin: the same whatever the
+// schedule) comes back to the host, which raises before any result is written. That wait on
+// the stream makes these ops unfit for CUDA graph capture.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+#include "opforge/cuda/common.cuh"
+#include "ops/scatter_add/scatter_layout.h"
+
+namespace opforge::scatter_cuda {
+
+constexpr int kThreads = 256;
+constexpr unsigned long long kNone = ~0ull;
+
+template <typename I>
+__global__ void read_kernel(unsigned long long* keys, unsigned long long* first_bad, const I* index, int64_t stride,
+                            int64_t n, int64_t limit) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t v = index[i * stride];
+    keys[i] = static_cast<unsigned long long>(v);
+    if (v < 0 || v >= limit) atomicMin(first_bad, static_cast<unsigned long long>(i));
+  }
+}
+
+inline void check(const char* op, cudaError_t status, const char* what) {
+  if (status != cudaSuccess) fail(ErrorKind::runtime, op, "(): ", what, " failed: ", cudaGetErrorString(status));
+}
+
+// Fills keys[0, n) (device memory) from call's 'index'; scratch is one device word. Returns
+// (position, value) of the first value outside [0, limit), after waiting for the stream.
+inline std::optional<std::pair<int64_t, int64_t>> read_index(const KernelCall& call, unsigned long long* keys,
+                                                              unsigned long long* scratch, int64_t limit) {
+  const char* op = call.op().name().c_str();
+  const TensorView& index = call.tensor("index");
+  const int64_t n = index.shape[0];
+  if (n == 0) return std::nullopt;
+  cudaStream_t stream = cuda::stream_of(call);
+  check(op, cudaMemsetAsync(scratch, 0xff, sizeof(unsigned long long), stream), "cudaMemsetAsync");
+  if (index.dtype == DType::int32)
+    read_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(keys, scratch, index.data_as<const int32_t>(),
+                                                                       index.strides[0], n, limit);
+  else
+    read_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(keys, scratch, index.data_as<const int64_t>(),
+                                                                       index.strides[0], n, limit);
+  cuda::check_launch(op);
+  unsigned long long bad = kNone, value = 0;
+  check(op, cudaMemcpyAsync(&bad, scratch, sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+  check(op, cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  if (bad == kNone) return std::nullopt;
+  check(op, cudaMemcpy(&value, keys + bad, sizeof value, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  return std::pair<int64_t, int64_t>{static_cast<int64_t>(bad), static_cast<int64_t>(value)};
+}
+
+// [outer dims] and [inner dims] of t around dim, as indexers, plus dim's stride.
+struct SliceIndexers {
+  cuda::Indexer outer, inner;
+  int64_t outer_size = 1, inner_size = 1, step = 0;
+};
+
+inline SliceIndexers slice_indexers(const char* op, const TensorView& t, int64_t dim) {
+  SliceIndexers s;
+  std::vector<int64_t> os(t.shape.begin(), t.shape.begin() + dim), ost(t.strides.begin(), t.strides.begin() + dim);
+  std::vector<int64_t> is(t.shape.begin() + dim + 1, t.shape.end()), ist(t.strides.begin() + dim + 1, t.strides.end());
+  s.outer = cuda::make_indexer(op, os, ost);
+  s.inner = cuda::make_indexer(op, is, ist);
+  for (int64_t e : os) s.outer_size *= e;
+  for (int64_t e : is) s.inner_size *= e;
+  s.step = t.strides[dim];
+  return s;
+}
+
+}  // namespace opforge::scatter_cuda

@@ -1,0 +1,49 @@
+// scatter_add_backward on CUDA: the index is checked first (one wait on the stream, see
+// scatter_index.cuh), then one thread per output element gathers it.
+#include "opforge/cuda/common.cuh"
+#include "opforge/registry.h"
+#include "ops/scatter_add/scatter_index.cuh"
+
+namespace opforge::scatter_add_backward_cuda {
+
+using scatter_cuda::kThreads;
+
+template <typename T>
+__global__ void gather_kernel(T* out, const T* grad, scatter_cuda::SliceIndexers s, const unsigned long long* index,
+                              int64_t n, int64_t total) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t k = e % s.inner_size, i = (e / s.inner_size) % n, o = e / (s.inner_size * n);
+    out[e] = grad[s.outer.offset(o) + static_cast<int64_t>(index[i]) * s.step + s.inner.offset(k)];
+  }
+}
+
+void run(const KernelCall& call) {
+  const char* op = "scatter_add_backward";
+  const TensorView& grad = call.tensor("grad");
+  const TensorView& out = call.output();
+  const int64_t dim = scatter::checked_dim(call, "grad");
+  const int64_t n = call.tensor("index").shape[0];
+  cudaStream_t stream = cuda::stream_of(call);
+  const auto s = scatter_cuda::slice_indexers(op, grad, dim);
+  unsigned long long* keys = nullptr;
+  scatter_cuda::check(op, cudaMallocAsync(reinterpret_cast<void**>(&keys), 8 * (n + 1), stream), "cudaMallocAsync");
+  try {
+    if (const auto bad = scatter_cuda::read_index(call, keys, keys + n, grad.shape[dim]))
+      scatter::fail_index(call, "grad.shape[dim]", grad.shape[dim], bad->second, bad->first);
+    cuda::visit(grad.dtype, op, [&](auto tag) {
+      using T = decltype(tag);
+      const int64_t total = out.numel();
+      gather_kernel<T><<<cuda::blocks_for(total, kThreads), kThreads, 0, stream>>>(
+          out.data_as<T>(), grad.data_as<const T>(), s, keys, n, total);
+    });
+    cuda::check_launch(op);
+  } catch (...) {
+    cudaFreeAsync(keys, stream);
+    throw;
+  }
+  scatter_cuda::check(op, cudaFreeAsync(keys, stream), "cudaFreeAsync");
+}
+
+OPFORGE_KERNEL(scatter_add_backward, "cuda", float_dtypes(), run);
+
+}  // namespace opforge::scatter_add_backward_cuda

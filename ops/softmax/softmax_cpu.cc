@@ -1,0 +1,255 @@
+// softmax on the CPU: rows in parallel. A row that fits in L2 (almost every row) takes
+// three SIMD passes that touch memory once each way: the max (reads x), exp(x - max) into a
+// float scratch row with its sum (x comes from cache now), and the scaled store. A longer
+// row would fall out of cache between passes, so it takes an online max-and-sum pass (a
+// block at a time) and one write pass instead: x is read twice, nothing else goes to memory.
+// Big outputs are written with non-temporal stores; float exps use a short polynomial.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/softmax/softmax_cpu.cc"
+#include <hwy/foreach_target.h>  // re-includes this file once per target
+#include <hwy/highway.h>
+
+#include <hwy/contrib/math/math-inl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#if HWY_ARCH_X86
+#include <immintrin.h>  // _mm_sfence
+#endif
+
+#include "opforge/cpu/simd-inl.h"
+#include "opforge/cpu/strided.h"
+#include "opforge/cpu/visit.h"
+#include "opforge/registry.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace opforge::softmax_cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using namespace opforge::cpu::HWY_NAMESPACE;
+
+// Rows whose float scratch is at most this big take the cached three-pass path.
+constexpr int64_t kCachedRowBytes = 256 << 10;
+// Outputs at least this big are written with non-temporal stores (see WriteRow).
+constexpr int64_t kStreamBytes = 8 << 20;
+constexpr int64_t kBlock = 16;  // vectors summed apart before joining a row's total
+// Elements per parallel chunk, at least (torch's grain): less work costs less than a thread handoff.
+constexpr int64_t kGrain = 1 << 15;
+
+// All-ones lanes where v is NaN or +inf: either makes the whole row NaN, as in torch.
+template <class D>
+HWY_INLINE hn::Vec<D> Bad(D d, hn::Vec<D> v) {
+  return hn::VecFromMask(d, hn::Not(hn::Lt(v, hn::Inf(d))));
+}
+
+// exp(t) for t <= 0. Floats, where softmax spends most of its compute: Cody-Waite reduction
+// and Cephes' degree-6 polynomial (~1 ulp), scaled by adding k to the exponent bits; about
+// two thirds of the work of Highway's general Exp. Results below 4e-38 flush to 0 (they join
+// a sum >= 1). Doubles: Highway's Exp. The clamps keep -inf (and NaN, in rows about to be
+// discarded: Max returns the non-NaN operand on every target) in each method's range.
+template <class D>
+HWY_INLINE hn::Vec<D> ExpNonPositive(D d, hn::Vec<D> t) {
+  using C = hn::TFromD<D>;
+  if constexpr (std::is_same_v<C, float>) {
+    const hn::RebindToSigned<D> di;
+    const auto cut = hn::Set(d, -86.0f);  // exp(-86) = 4.5e-38: k stays >= -125
+    const auto tc = hn::Max(t, cut);
+    const auto k = hn::Round(hn::Mul(tc, hn::Set(d, 1.44269504088896341f)));
+    auto r = hn::MulAdd(k, hn::Set(d, -0.693359375f), tc);  // ln 2 in two parts
+    r = hn::MulAdd(k, hn::Set(d, 2.12194440e-4f), r);
+    auto p = hn::MulAdd(hn::Set(d, 1.9875691500e-4f), r, hn::Set(d, 1.3981999507e-3f));
+    p = hn::MulAdd(p, r, hn::Set(d, 8.3334519073e-3f));
+    p = hn::MulAdd(p, r, hn::Set(d, 4.1665795894e-2f));
+    p = hn::MulAdd(p, r, hn::Set(d, 1.6666665459e-1f));
+    p = hn::MulAdd(p, r, hn::Set(d, 5.0000001201e-1f));
+    p = hn::MulAdd(p, hn::Mul(r, r), hn::Add(r, hn::Set(d, 1.0f)));
+    const auto scaled = hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::ConvertTo(di, k)));
+    return hn::IfThenZeroElse(hn::Lt(t, cut), hn::BitCast(d, scaled));
+  } else {
+    return hn::Exp(d, hn::Max(t, hn::Set(d, std::numeric_limits<C>::lowest())));
+  }
+}
+
+// out[0, n) = f(i) (a vector: the lanes from i on), fs(i) for single elements. With stream, the
+// aligned float32/float64 body goes out as non-temporal stores: a big output would not stay
+// in cache anyway, and skipping the read-for-ownership saves a third of the memory traffic.
+template <typename T, class F, class FS>
+HWY_INLINE void WriteRow(T* HWY_RESTRICT out, int64_t n, bool stream, const F& f, const FS& fs) {
+  const hn::ScalableTag<Compute<T>> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  if constexpr (std::is_same_v<T, Compute<T>>) {
+    if (stream) {
+      for (; i < n && reinterpret_cast<uintptr_t>(out + i) % (lanes * sizeof(T)) != 0; ++i) out[i] = fs(i);
+      for (; i + lanes <= n; i += lanes) hn::Stream(f(i), d, out + i);
+    }
+  }
+  for (; i + lanes <= n; i += lanes) StoreAs(d, f(i), out + i);
+  for (; i < n; ++i) out[i] = FromCompute<T>(fs(i));
+}
+
+template <typename T>
+void FillNaN(T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = FromCompute<T>(std::numeric_limits<Compute<T>>::quiet_NaN());
+}
+
+// out = exp(x - max) * inv; the exps are recomputed from x.
+template <typename T>
+void WriteFromX(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, int64_t n, Compute<T> max, Compute<T> inv,
+                bool stream) {
+  const hn::ScalableTag<Compute<T>> d;
+  const auto vmax = hn::Set(d, max), vinv = hn::Set(d, inv);
+  WriteRow(out, n, stream, [&](int64_t i) { return hn::Mul(ExpNonPositive(d, hn::Sub(LoadAs(d, x + i), vmax)), vinv); },
+           [&](int64_t i) { return std::exp(ToCompute(x[i]) - max) * inv; });
+}
+
+// The cached path. scratch holds n floats (doubles for float64).
+template <typename T>
+void CachedRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, int64_t n, Compute<T>* HWY_RESTRICT scratch,
+               bool stream) {
+  using C = Compute<T>;
+  const hn::ScalableTag<C> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const C lowest = std::numeric_limits<C>::lowest();
+  auto m0 = hn::Set(d, lowest), m1 = m0, bad = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    const auto v0 = LoadAs(d, x + i), v1 = LoadAs(d, x + i + lanes);
+    m0 = hn::Max(m0, v0);
+    m1 = hn::Max(m1, v1);
+    bad = hn::Or(bad, hn::Or(Bad(d, v0), Bad(d, v1)));
+  }
+  for (; i + lanes <= n; i += lanes) {
+    const auto v = LoadAs(d, x + i);
+    m0 = hn::Max(m0, v);
+    bad = hn::Or(bad, Bad(d, v));
+  }
+  C max = hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1)));
+  bool any_bad = !hn::AllFalse(d, hn::MaskFromVec(bad));
+  for (; i < n; ++i) {
+    const C v = ToCompute(x[i]);
+    any_bad |= !(v < std::numeric_limits<C>::infinity());
+    max = v > max ? v : max;
+  }
+  if (any_bad) return FillNaN(out, n);
+  const auto vmax = hn::Set(d, max);
+  // Blocks of kBlock vectors are summed apart, then added to the total, so no partial sum runs
+  // over more than kBlock + n / (kBlock * lanes) terms.
+  auto total = hn::Zero(d);
+  for (i = 0; i + lanes <= n;) {
+    const int64_t stop = std::min(n, i + kBlock * lanes);
+    auto s0 = hn::Zero(d), s1 = hn::Zero(d);
+    for (; i + 2 * lanes <= stop; i += 2 * lanes) {
+      const auto e0 = ExpNonPositive(d, hn::Sub(LoadAs(d, x + i), vmax));
+      const auto e1 = ExpNonPositive(d, hn::Sub(LoadAs(d, x + i + lanes), vmax));
+      hn::StoreU(e0, d, scratch + i);
+      hn::StoreU(e1, d, scratch + i + lanes);
+      s0 = hn::Add(s0, e0);
+      s1 = hn::Add(s1, e1);
+    }
+    for (; i + lanes <= stop; i += lanes) {
+      const auto e = ExpNonPositive(d, hn::Sub(LoadAs(d, x + i), vmax));
+      hn::StoreU(e, d, scratch + i);
+      s0 = hn::Add(s0, e);
+    }
+    total = hn::Add(total, hn::Add(s0, s1));
+  }
+  C sum = hn::GetLane(hn::SumOfLanes(d, total));
+  for (; i < n; ++i) sum += scratch[i] = std::exp(ToCompute(x[i]) - max);
+  if (!(sum > 0)) return FillNaN(out, n);  // every entry -inf
+  const C inv = C(1) / sum;
+  const auto vinv = hn::Set(d, inv);
+  WriteRow(out, n, stream, [&](int64_t k) { return hn::Mul(hn::LoadU(d, scratch + k), vinv); },
+           [&](int64_t k) { return scratch[k] * inv; });
+}
+
+// The online path, a block of kBlock vectors at a time (the block is in L1 for its second
+// read): per lane the block's max bm and sum bs of exp(x - bm), merged into a running max m
+// and sum s of exp(x - m). One exp per element, two per block for the rescaling.
+template <typename T>
+void OnlineRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, int64_t n, bool stream) {
+  using C = Compute<T>;
+  const hn::ScalableTag<C> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const C lowest = std::numeric_limits<C>::lowest();
+  auto m = hn::Set(d, lowest), s = hn::Zero(d), bad = hn::Zero(d);
+  int64_t i = 0;
+  while (i + lanes <= n) {
+    const int64_t stop = std::min(n, i + kBlock * lanes);
+    auto bm = hn::Set(d, lowest);
+    int64_t j = i;
+    for (; j + lanes <= stop; j += lanes) {
+      const auto v = LoadAs(d, x + j);
+      bad = hn::Or(bad, Bad(d, v));
+      bm = hn::Max(bm, v);
+    }
+    auto bs = hn::Zero(d);
+    for (j = i; j + lanes <= stop; j += lanes) bs = hn::Add(bs, ExpNonPositive(d, hn::Sub(LoadAs(d, x + j), bm)));
+    const auto grown = hn::Max(m, bm);
+    s = hn::MulAdd(s, ExpNonPositive(d, hn::Sub(m, grown)), hn::Mul(bs, ExpNonPositive(d, hn::Sub(bm, grown))));
+    m = grown;
+    i = j;
+  }
+  if (!hn::AllFalse(d, hn::MaskFromVec(bad))) return FillNaN(out, n);
+  C lane_m[HWY_MAX_BYTES / sizeof(C)], lane_s[HWY_MAX_BYTES / sizeof(C)];
+  hn::StoreU(m, d, lane_m);
+  hn::StoreU(s, d, lane_s);
+  C max = hn::GetLane(hn::MaxOfLanes(d, m));
+  for (int64_t k = i; k < n; ++k) {
+    const C v = ToCompute(x[k]);
+    if (!(v < std::numeric_limits<C>::infinity())) return FillNaN(out, n);
+    max = v > max ? v : max;
+  }
+  C sum = 0;
+  for (int64_t l = 0; l < lanes; ++l) sum += lane_s[l] * std::exp(lane_m[l] - max);
+  for (int64_t k = i; k < n; ++k) sum += std::exp(ToCompute(x[k]) - max);
+  if (!(sum > 0)) return FillNaN(out, n);  // every entry -inf
+  WriteFromX(out, x, n, max, C(1) / sum, stream);
+}
+
+void Run(const KernelCall& call) {
+  const TensorView& x = call.tensor("x");
+  cpu::visit_float(x.dtype, "softmax", [&](auto tag) {
+    using T = decltype(tag);
+    using C = Compute<T>;
+    const int64_t n = x.size(-1);
+    if (n == 0) return;
+    const int64_t rows = x.numel() / n;
+    const bool cached = n * static_cast<int64_t>(sizeof(C)) <= kCachedRowBytes;
+    const bool stream = rows * n * static_cast<int64_t>(sizeof(T)) >= kStreamBytes;
+    const T* src = x.data_as<const T>();
+    T* dst = call.output().data_as<T>();
+    const int64_t step = x.stride(-1);
+    parallel_for(rows, std::max<int64_t>(1, kGrain / n), [&](int64_t begin, int64_t end) {
+      std::vector<T> gathered(step == 1 ? 0 : n);
+      std::vector<C> scratch(cached ? n : 0);
+      for (int64_t r = begin; r < end; ++r) {
+        const T* row = src + cpu::offset_of(r, x.shape.data(), x.strides.data(), x.rank() - 1);
+        if (step != 1) {  // strided rows are gathered so the SIMD loops stay simple
+          for (int64_t i = 0; i < n; ++i) gathered[i] = row[i * step];
+          row = gathered.data();
+        }
+        if (cached) CachedRow(dst + r * n, row, n, scratch.data(), stream);
+        else OnlineRow(dst + r * n, row, n, stream);
+      }
+#if HWY_ARCH_X86
+      if (stream) _mm_sfence();  // non-temporal stores are visible before the pool hands back
+#endif
+    });
+  });
+}
+
+}  // namespace opforge::softmax_cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace opforge::softmax_cpu {
+HWY_EXPORT(Run);
+void run(const KernelCall& call) { HWY_DYNAMIC_DISPATCH(Run)(call); }
+OPFORGE_KERNEL(softmax, "cpu", float_dtypes(), run);
+}  // namespace opforge::softmax_cpu
+#endif

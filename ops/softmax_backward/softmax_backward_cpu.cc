@@ -1,0 +1,118 @@
+// softmax_backward on the CPU: rows in parallel; per row one SIMD pass for sum(grad * y)
+// (the row is then in cache) and one that writes y * (grad - sum).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/softmax_backward/softmax_backward_cpu.cc"
+#include <hwy/foreach_target.h>  // re-includes this file once per target
+#include <hwy/highway.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "opforge/cpu/simd-inl.h"
+#include "opforge/cpu/strided.h"
+#include "opforge/cpu/visit.h"
+#include "opforge/registry.h"
+
+#if HWY_ARCH_X86
+#include <immintrin.h>  // _mm_sfence
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace opforge::softmax_backward_cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using namespace opforge::cpu::HWY_NAMESPACE;
+
+// Outputs at least this big are written with non-temporal stores (see WriteRow).
+constexpr int64_t kStreamBytes = 8 << 20;
+// Elements per parallel chunk, at least (torch's grain): less work costs less than a thread handoff.
+constexpr int64_t kGrain = 1 << 15;
+
+// out[0, n) = f(i) (a vector: the lanes from i on), fs(i) for single elements. With stream, the
+// aligned float32/float64 body goes out as non-temporal stores: a big output would not stay
+// in cache anyway, and skipping the read-for-ownership saves a third of the memory traffic.
+template <typename T, class F, class FS>
+HWY_INLINE void WriteRow(T* HWY_RESTRICT out, int64_t n, bool stream, const F& f, const FS& fs) {
+  const hn::ScalableTag<Compute<T>> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  if constexpr (std::is_same_v<T, Compute<T>>) {
+    if (stream) {
+      for (; i < n && reinterpret_cast<uintptr_t>(out + i) % (lanes * sizeof(T)) != 0; ++i) out[i] = fs(i);
+      for (; i + lanes <= n; i += lanes) hn::Stream(f(i), d, out + i);
+    }
+  }
+  for (; i + lanes <= n; i += lanes) StoreAs(d, f(i), out + i);
+  for (; i < n; ++i) out[i] = FromCompute<T>(fs(i));
+}
+
+// g, y and out are contiguous rows of n elements.
+template <typename T>
+void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT g, const T* HWY_RESTRICT y, int64_t n, bool stream) {
+  using C = Compute<T>;
+  const hn::ScalableTag<C> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  auto acc0 = hn::Zero(d), acc1 = hn::Zero(d), acc2 = hn::Zero(d), acc3 = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + 4 * lanes <= n; i += 4 * lanes) {
+    acc0 = hn::MulAdd(LoadAs(d, g + i), LoadAs(d, y + i), acc0);
+    acc1 = hn::MulAdd(LoadAs(d, g + i + lanes), LoadAs(d, y + i + lanes), acc1);
+    acc2 = hn::MulAdd(LoadAs(d, g + i + 2 * lanes), LoadAs(d, y + i + 2 * lanes), acc2);
+    acc3 = hn::MulAdd(LoadAs(d, g + i + 3 * lanes), LoadAs(d, y + i + 3 * lanes), acc3);
+  }
+  for (; i + lanes <= n; i += lanes) acc0 = hn::MulAdd(LoadAs(d, g + i), LoadAs(d, y + i), acc0);
+  C dot = hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(acc0, acc1), hn::Add(acc2, acc3))));
+  for (; i < n; ++i) dot += ToCompute(g[i]) * ToCompute(y[i]);
+  const auto vdot = hn::Set(d, dot);
+  WriteRow(out, n, stream, [&](int64_t k) { return hn::Mul(LoadAs(d, y + k), hn::Sub(LoadAs(d, g + k), vdot)); },
+           [&](int64_t k) { return ToCompute(y[k]) * (ToCompute(g[k]) - dot); });
+}
+
+// Row r (of the output's leading dims) of t, whose strides are broadcast to the output's
+// shape; gathered into buf when its elements are not adjacent.
+template <typename T>
+const T* RowOf(const T* base, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides, int64_t r,
+               int64_t n, std::vector<T>& buf) {
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  const T* row = base + cpu::offset_of(r, shape.data(), strides.data(), rank - 1);
+  const int64_t step = strides.back();
+  if (step == 1) return row;
+  buf.resize(n);
+  for (int64_t i = 0; i < n; ++i) buf[i] = row[i * step];
+  return buf.data();
+}
+
+void Run(const KernelCall& call) {
+  const TensorView& grad = call.tensor("grad");
+  const TensorView& result = call.tensor("result");
+  const TensorView& out = call.output();
+  cpu::visit_float(grad.dtype, "softmax_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t n = out.size(-1);
+    if (n == 0) return;
+    const int64_t rows = out.numel() / n;
+    const auto g_strides = broadcast_strides(grad, out.shape), y_strides = broadcast_strides(result, out.shape);
+    T* dst = out.data_as<T>();
+    const bool stream = rows * n * static_cast<int64_t>(sizeof(T)) >= kStreamBytes;
+    parallel_for(rows, std::max<int64_t>(1, kGrain / n), [&](int64_t begin, int64_t end) {
+      std::vector<T> g_buf, y_buf;
+      for (int64_t r = begin; r < end; ++r)
+        Row(dst + r * n, RowOf(grad.data_as<const T>(), out.shape, g_strides, r, n, g_buf),
+            RowOf(result.data_as<const T>(), out.shape, y_strides, r, n, y_buf), n, stream);
+#if HWY_ARCH_X86
+      if (stream) _mm_sfence();  // non-temporal stores are visible before the pool hands back
+#endif
+    });
+  });
+}
+
+}  // namespace opforge::softmax_backward_cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace opforge::softmax_backward_cpu {
+HWY_EXPORT(Run);
+void run(const KernelCall& call) { HWY_DYNAMIC_DISPATCH(Run)(call); }
+OPFORGE_KERNEL(softmax_backward, "cpu", float_dtypes(), run);
+}  // namespace opforge::softmax_backward_cpu
+#endif
