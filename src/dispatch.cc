@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <atomic>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -29,6 +30,8 @@ struct Overrides {
   std::mutex mutex;
   bool loaded = false;
   std::map<std::string, Override> by_op;  // "" = every op
+  // by_op is non-empty (or not loaded yet): lets the common no-override case skip the lock.
+  std::atomic<bool> maybe_any{true};
 };
 
 Overrides& overrides() {
@@ -124,10 +127,12 @@ void load_locked(Overrides& o) {
   read_environment(fresh);
   o.by_op = std::move(fresh);
   o.loaded = true;
+  o.maybe_any.store(!o.by_op.empty(), std::memory_order_release);
 }
 
 std::optional<Override> override_for(const std::string& op) {
   Overrides& o = overrides();
+  if (!o.maybe_any.load(std::memory_order_acquire)) return std::nullopt;
   std::lock_guard lock(o.mutex);
   if (!o.loaded) load_locked(o);
   auto it = o.by_op.find(op);
@@ -156,6 +161,7 @@ void set_backend_override(const std::string& op, const std::string& backend) {
   if (!o.loaded) load_locked(o);
   if (backend.empty()) o.by_op.erase(op);
   else o.by_op[op] = {backend, "set_backend()"};
+  o.maybe_any.store(!o.by_op.empty(), std::memory_order_release);
 }
 
 std::string backend_override(const std::string& op) {
@@ -168,7 +174,8 @@ Selection select_kernel(const OpDef& op, const OpInputs& inputs) {
   const int64_t slot = op.dispatch_slot();
   const DType dtype = slot >= 0 && inputs.tensors[slot] ? inputs.tensors[slot]->dtype : DType::float32;
   const auto& kernels = kernels_of(op.name());
-  const std::string where = str("for dtype ", dtype_name(dtype), " on ", device_name(device));
+  // Only errors need the words; building them on every call cost more than the rest of the lookup.
+  auto where = [&] { return str("for dtype ", dtype_name(dtype), " on ", device_name(device)); };
 
   if (auto forced = override_for(op.name())) {
     Backend* backend = lookup_backend(forced->backend);
@@ -180,7 +187,7 @@ Selection select_kernel(const OpDef& op, const OpInputs& inputs) {
       fail(ErrorKind::runtime, op.name(), "(): ", by, " is not available: ", backend->unavailable_reason());
     for (const auto& k : kernels)
       if (k.backend == forced->backend && has_dtype(k, dtype)) return {backend, k.fn};
-    fail(ErrorKind::not_implemented, op.name(), "(): ", by, " has no kernel ", where);
+    fail(ErrorKind::not_implemented, op.name(), "(): ", by, " has no kernel ", where());
   }
 
   Selection best{nullptr, nullptr};
@@ -196,10 +203,10 @@ Selection select_kernel(const OpDef& op, const OpInputs& inputs) {
   }
   if (best.backend) return best;
   if (!unavailable.empty())
-    fail(ErrorKind::runtime, op.name(), "(): no available backend ", where, " (", unavailable, ")");
+    fail(ErrorKind::runtime, op.name(), "(): no available backend ", where(), " (", unavailable, ")");
   std::string have;
   for (const auto& k : kernels) have += str(have.empty() ? "" : ", ", k.backend, " ", dtype_list(k.dtypes));
-  fail(ErrorKind::not_implemented, op.name(), "(): no kernel ", where,
+  fail(ErrorKind::not_implemented, op.name(), "(): no kernel ", where(),
        have.empty() ? std::string(" (the op has no kernels)") : " (kernels: " + have + ")");
 }
 

@@ -134,6 +134,45 @@ bool take_string(StableIValue value, std::string& out) {
   return ok;
 }
 
+// Large CPU results come from the opforge backend's memory, which keeps freed blocks mapped:
+// torch's CPU allocator returns big blocks to the system, so every large result would pay its
+// page faults again (at 64 MiB that costs more than the op). Small results stay with torch.
+constexpr int64_t kBackendAllocationBytes = int64_t{1} << 20;
+
+OwnedTensor torch_empty(const TensorView& view, std::pair<int32_t, int32_t> torch_device) {
+  AtenTensorHandle out = nullptr;
+  check(aoti_torch_empty_strided(static_cast<int64_t>(view.shape.size()), view.shape.data(), view.strides.data(),
+                                 torch_dtype(view.dtype), torch_device.first, torch_device.second, &out),
+        "aoti_torch_empty_strided");
+  return OwnedTensor(out);
+}
+
+// A torch tensor over memory from `backend`, handed back to it when torch frees the storage
+// (from whichever thread drops the last reference; the backend's release is thread-safe).
+OwnedTensor from_backend_memory(Backend& backend, const TensorView& view, std::pair<int32_t, int32_t> torch_device) {
+  void* data = backend.allocate(view.nbytes(), view.device, nullptr);
+  struct Owner {
+    Backend* backend;
+    Device device;
+  };
+  auto* owner = new Owner{&backend, view.device};
+  auto release = [](void* ptr, void* ctx) {
+    auto* o = static_cast<Owner*>(ctx);
+    o->backend->release(ptr, o->device);
+    delete o;
+  };
+  AtenTensorHandle out = nullptr;
+  const AOTITorchError code =
+      torch_from_blob(data, static_cast<int64_t>(view.shape.size()), view.shape.data(), view.strides.data(), 0,
+                      torch_dtype(view.dtype), torch_device.first, torch_device.second, &out,
+                      aoti_torch_layout_strided(), nullptr, 0, release, owner);
+  if (code != AOTI_TORCH_SUCCESS) {
+    release(data, owner);
+    check(code, "torch_from_blob");
+  }
+  return OwnedTensor(out);
+}
+
 // Errors about to cross into torch, newest last, so Python can look up their kind by message.
 // A few suffice: Python asks right after the failing call, possibly from another thread.
 std::mutex error_mutex;
@@ -219,12 +258,10 @@ void run_boxed(const OpDef& op, StableIValue* stack, uint64_t num_args, uint64_t
   std::vector<TensorView> views;
   for (const OutputSpec& spec : results) {
     TensorView view{nullptr, spec.dtype, device, spec.shape, contiguous_strides(spec.shape)};
-    AtenTensorHandle out = nullptr;
-    check(aoti_torch_empty_strided(static_cast<int64_t>(view.shape.size()), view.shape.data(), view.strides.data(),
-                                   torch_dtype(spec.dtype), torch_device.first, torch_device.second, &out),
-          "aoti_torch_empty_strided");
-    outputs.emplace_back(out);
-    check(aoti_torch_get_data_ptr(out, &view.data), "aoti_torch_get_data_ptr");
+    outputs.emplace_back(device.type == DeviceType::cpu && view.nbytes() >= kBackendAllocationBytes
+                             ? from_backend_memory(*selection.backend, view, torch_device)
+                             : torch_empty(view, torch_device));
+    check(aoti_torch_get_data_ptr(outputs.back().get(), &view.data), "aoti_torch_get_data_ptr");
     views.push_back(std::move(view));
   }
   run_kernel(op, selection, inputs, views, stream);

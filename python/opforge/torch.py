@@ -8,9 +8,16 @@ meta tensors and torch.compile work and bad inputs fail while tracing with opfor
 autograd through the declared backward op (an op without one raises when differentiated); and
 ``opforge.torch.<op>(...)`` with the schema's signature, type hints (torch.pyi) and docstring.
 
+What the stable ABI cannot express lives in libopforge_torch_native.so (bindings/torch_native),
+built per torch version and loaded only on the torch it was built for: the autograd kernels in
+C++ (NATIVE_AUTOGRAD; a Python autograd kernel would cost several microseconds per call) and
+the direct call behind opforge.torch.<op>, which runs plain CPU tensors without torch's
+dispatcher. On any other torch the same autograd rules are registered in Python and the
+functions call the torch op: same results, more overhead per call.
+
 Errors: torch raises every exception from a stable-ABI kernel as RuntimeError. The autograd
-kernel and the functions here re-raise opforge's errors with their own type (TypeError,
-ValueError, NotImplementedError) and message; a torch.ops.opforge call under
+kernel (C++ or Python) and the functions here re-raise opforge's errors with their own type
+(TypeError, ValueError, NotImplementedError) and message; a torch.ops.opforge call under
 torch.inference_mode (no autograd kernel runs) raises RuntimeError with the same message.
 Under torch.compile the fake kernel raises, and torch wraps that as it wraps any op's error
 while tracing (torch._dynamo.exc.TorchRuntimeError, with opforge's error in the message).
@@ -27,6 +34,7 @@ if __name__ == "__main__":  # python -m opforge.torch: run the imported module (
 
 import ctypes
 import keyword
+import os
 from pathlib import Path
 
 import torch
@@ -54,6 +62,32 @@ _native.opforge_torch_error_kind.argtypes = [ctypes.c_char_p]
 _native.opforge_torch_error_kind.restype = ctypes.c_int
 if _native.opforge_torch_registration_errors():
     raise ImportError("opforge.torch: " + _native.opforge_torch_registration_errors().decode())
+
+# The torch-version-specific part (bindings/torch_native): autograd kernels in C++. Loaded only
+# on the torch it was built against; elsewhere the same rules are registered in Python below.
+# OPFORGE_TORCH_NATIVE=0 forces the Python rules (tests use it to cover both).
+_NATIVE_LIBRARY = _LIBRARY.with_name("libopforge_torch_native.so")
+
+
+def _load_native() -> bool:
+    version_file = _NATIVE_LIBRARY.with_suffix(".version")
+    if os.environ.get("OPFORGE_TORCH_NATIVE", "1") == "0" or not version_file.exists():
+        return False
+    if version_file.read_text().strip() != torch.__version__:
+        return False
+    torch.ops.load_library(str(_NATIVE_LIBRARY))
+    errors = ctypes.CDLL(str(_NATIVE_LIBRARY)).opforge_torch_native_registration_errors
+    errors.restype = ctypes.c_char_p
+    if errors():
+        raise ImportError("opforge.torch: " + errors().decode())
+    return True
+
+
+NATIVE_AUTOGRAD = _load_native()
+if NATIVE_AUTOGRAD:
+    _direct_call = ctypes.PyDLL(str(_NATIVE_LIBRARY)).opforge_torch_native_direct_call  # PyDLL: holds the GIL
+    _direct_call.argtypes = [ctypes.c_char_p, ctypes.py_object]
+    _direct_call.restype = ctypes.py_object
 
 _DTYPES = {name: getattr(torch, name) for name in
            ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool")}
@@ -254,22 +288,32 @@ def _make_function(op: _Op):
     names = ", ".join(a["name"] for a in op.args)
     checks = "".join(f"    if {_KINDS[a['kind']][1].format(n=a['name'])}:\n"
                      f"        __bad({a['name']!r}, {_KINDS[a['kind']][2]!r}, {a['name']})\n" for a in op.args)
-    grad = " or ".join(f"({n} is not None and {n}.requires_grad)" for n in op.tensor_names) or "False"
-    # Without a gradient to track, the call skips the autograd kernel (Python, and most of the
-    # cost of a small call) the way that kernel itself would: below autograd, the same kernel.
-    source = (f"def {_signature_text(op)}:\n{checks}"
-              f"    if __compiling():  # torch.compile traces the op itself; errors come from its fake kernel\n"
-              f"        return __op({names})\n"
-              f"    try:\n"
-              f"        if __grad_enabled() and ({grad}):\n            return __op({names})\n"
-              f"        with __below_autograd():\n            return __op({names})\n"
-              f"    except RuntimeError as error:\n        __reraise(error)\n")
+    if NATIVE_AUTOGRAD:
+        # The direct call (bindings/torch_native/direct_call.cc) runs plain CPU tensors without
+        # torch's dispatcher and hands everything else to the op; errors from the op still
+        # need their type back under inference_mode (no autograd kernel to restore it).
+        body = (f"    if __compiling():  # torch.compile traces the op itself\n"
+                f"        return __op({names})\n"
+                f"    try:\n        return __direct({names})\n"
+                f"    except RuntimeError as error:\n        __reraise(error)\n")
+    else:
+        # Without a gradient to track, the call skips the Python autograd kernel (most of the
+        # cost of a small call) the way that kernel itself would: below autograd, the same kernel.
+        grad = " or ".join(f"({n} is not None and {n}.requires_grad)" for n in op.tensor_names) or "False"
+        body = (f"    if __compiling():  # torch.compile traces the op itself; errors come from its fake kernel\n"
+                f"        return __op({names})\n"
+                f"    try:\n"
+                f"        if __grad_enabled() and ({grad}):\n            return __op({names})\n"
+                f"        with __below_autograd():\n            return __op({names})\n"
+                f"    except RuntimeError as error:\n        __reraise(error)\n")
+    source = f"def {_signature_text(op)}:\n{checks}{body}"
 
     def bad(name, expected, value):
         raise TypeError(f"{op.name}(): '{name}' must be {expected}, got {type(value).__name__}")
 
     namespace = {"Tensor": torch.Tensor, "SymInt": torch.SymInt, "SymFloat": torch.SymFloat,
                  "SymBool": torch.SymBool, "__op": op.overload, "__bad": bad, "__reraise": _reraise,
+                 "__direct": _direct_call(op.name.encode(), op.overload) if NATIVE_AUTOGRAD else None,
                  "__compiling": torch.compiler.is_compiling, "__grad_enabled": torch.is_grad_enabled,
                  "__below_autograd": torch._C._AutoDispatchBelowAutograd}
     exec(compile(source, f"<opforge.torch.{op.name}>", "exec"), namespace)
@@ -294,7 +338,8 @@ _OPS = {name: _Op(name) for name in _core.op_names()}
 for _op in _OPS.values():
     torch.library.register_fake(_op.overload, _fake_kernel(_op), lib=_LIB)
     _setup_context, _backward = _autograd_rules(_op)
-    torch.library.register_autograd(_op.overload, _backward, setup_context=_setup_context, lib=_LIB)
+    if not NATIVE_AUTOGRAD:
+        torch.library.register_autograd(_op.overload, _backward, setup_context=_setup_context, lib=_LIB)
     globals()[_op.name] = _make_function(_op)
 del _op, _setup_context, _backward
 

@@ -7,6 +7,7 @@ one is fed from its forward op's sample (the cotangent drawn like the forward re
 
 import importlib
 import inspect
+import os
 import re
 import shutil
 import subprocess
@@ -308,3 +309,95 @@ def test_import_opforge_defines_torch_ops_without_importing_torch():
             "print(torch.ops.opforge.add_one(torch.ones(2)).tolist())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     assert out.returncode == 0 and out.stdout.strip() == "[2.0, 2.0]", out.stderr
+
+
+def test_autograd_runs_in_cpp_on_the_torch_it_was_built_for():
+    """CI builds the torch-specific library against the torch it tests with, so the C++
+    autograd kernels must be the ones in use (the Python rules are the fallback elsewhere)."""
+    assert ot.NATIVE_AUTOGRAD, "libopforge_torch_native.so was not built or its version file does not match"
+    x = torch.randn(3, 4, requires_grad=True)
+    assert torch.ops.opforge.rms_norm(x, torch.ones(4)).grad_fn.name() == "opforge::rms_normBackward"
+    with torch.no_grad():
+        assert torch.ops.opforge.rms_norm(x, torch.ones(4)).grad_fn is None
+
+
+def test_cpp_autograd_edges_follow_the_declaration():
+    """Arguments declared not differentiable (rope's tables) get no gradient even when they
+    require one; an absent optional argument (layer_norm's bias) gets None; double backward
+    through an op whose backward declares no backward is an error, not a wrong answer."""
+    x = torch.randn(2, 3, 2, 4, dtype=torch.float64, requires_grad=True)
+    cos, sin = (torch.randn(3, 2, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    torch.ops.opforge.rope(x, cos, sin, False).sum().backward()
+    assert x.grad is not None and cos.grad is None and sin.grad is None
+    w = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    out = torch.ops.opforge.layer_norm(v, w, None, 1e-5)
+    (gv,) = torch.autograd.grad(out.square().sum(), v, create_graph=True)
+    with pytest.raises(RuntimeError, match="layer_norm_backward\\(\\) is not differentiable"):
+        gv.sum().backward()
+
+
+def test_python_autograd_fallback_in_a_subprocess():
+    """OPFORGE_TORCH_NATIVE=0: the rules registered in Python (what a torch other than the
+    build's gets) give the same gradients and typed errors."""
+    code = """
+import torch, opforge.torch as ot
+assert not ot.NATIVE_AUTOGRAD
+x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+w = torch.randn(5, dtype=torch.float64, requires_grad=True)
+assert torch.autograd.gradcheck(lambda a, b: torch.ops.opforge.rms_norm(a, b, 1e-6), (x, w))
+try:
+    torch.ops.opforge.add(torch.ones(3), torch.ones(4))
+except ValueError as e:
+    assert "cannot be broadcast" in str(e)
+else:
+    raise AssertionError("no error")
+print("ok")
+"""
+    env = {**os.environ, "OPFORGE_TORCH_NATIVE": "0"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_direct_call_hands_what_it_cannot_run_to_the_torch_op():
+    """opforge.torch.<op> runs plain CPU tensors itself; tensors needing a gradient, FakeTensors,
+    dispatch modes and functorch transforms go through torch.ops.opforge (same results)."""
+    x, w = torch.randn(4, 6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    want = torch.ops.opforge.rms_norm(x, w, 1e-6)
+    torch.testing.assert_close(ot.rms_norm(x, w), want, rtol=0, atol=0)
+    xg = x.clone().requires_grad_()
+    assert ot.rms_norm(xg, w).grad_fn is not None
+    with torch.no_grad():
+        assert ot.rms_norm(xg, w).grad_fn is None
+    with FakeTensorMode() as mode:
+        fake = ot.rms_norm(mode.from_tensor(x), mode.from_tensor(w))
+        assert fake.shape == (4, 6) and type(fake).__name__ == "FakeTensor"
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):  # an active dispatch mode must see the op
+        seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Recorder():
+        ot.rms_norm(x, w)
+    assert "opforge.rms_norm.default" in Recorder.seen
+    grad = torch.func.grad(lambda v: ot.rms_norm(v, w).sum())(x)  # functorch: through the op's autograd
+    torch.testing.assert_close(grad, torch.autograd.grad(ot.rms_norm(xg, w).sum(), xg)[0])
+
+
+def test_large_cpu_results_reuse_backend_memory():
+    """Results of 1 MiB and more come from opforge's CPU block cache, which keeps freed blocks
+    mapped, through both entry points; torch frees them back into it."""
+    x = torch.randn(1024, 1024)
+    for call in (ot.add_one, torch.ops.opforge.add_one):
+        first = call(x)
+        address = first.data_ptr()
+        torch.testing.assert_close(first, x + 1)
+        del first
+        again = call(x)
+        assert again.data_ptr() == address
+        torch.testing.assert_close(again, x + 1)

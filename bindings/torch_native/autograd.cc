@@ -1,0 +1,299 @@
+// Autograd for every torch.ops.opforge op, in C++: the part of the torch adapter that LibTorch's
+// stable ABI cannot express (it has no autograd API). Built against the full C++ API of the
+// torch present at build time, so this library loads only on that torch version;
+// python/opforge/torch.py checks the version first and otherwise registers the same rules in
+// Python (torch.library.register_autograd), which costs several microseconds per call.
+//
+// One boxed kernel per op at the Autograd dispatch key, generic over the declaration:
+// - no input needing a gradient: straight to the kernel below autograd (the common case, and
+//   the reason this exists: a Python autograd kernel runs Python on every call);
+// - otherwise: run below autograd, then attach a node that calls the declared backward op
+//   through torch's dispatcher, its arguments bound by name ("grad", "result", or the forward
+//   argument of that name), as python/opforge/torch.py and python/opforge/jax.py do.
+// Errors that opforge raised below (which the stable ABI turns into plain c10::Error) leave
+// here as c10::TypeError / ValueError / NotImplementedError, so Python sees their real type.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "opforge/registry.h"
+
+#define OPFORGE_TORCH_EXPORT extern "C" __attribute__((visibility("default")))
+
+// In libopforge_torch.so (loaded first): the kind of an opforge error whose message `text`
+// contains, or -1.
+extern "C" int opforge_torch_error_kind(const char* text);
+
+namespace opforge::torch_native {
+
+namespace {
+
+using torch::autograd::Edge;
+using torch::autograd::SavedVariable;
+using torch::autograd::variable_list;
+
+// Where one argument of the backward op comes from.
+struct Source {
+  enum Kind { grad, result, forward_arg, schema_default } kind;
+  size_t forward_index = 0;  // forward_arg: index among the forward op's schema arguments
+};
+
+// What the autograd kernel of one op needs, read once from its declaration.
+struct Plan {
+  std::string name;                  // "rms_norm"
+  size_t num_args = 0;               // forward schema arguments
+  size_t num_results = 1;
+  std::vector<bool> is_tensor;       // per forward argument
+  std::vector<bool> differentiable;  // per forward argument
+  std::vector<bool> saved;           // per forward argument: the backward op reads it
+  bool has_backward = false;
+  bool saves_result = false;
+  std::vector<Source> backward_args;              // per backward schema argument
+  std::vector<size_t> gradient_of;                // backward result i -> forward argument index
+  std::optional<c10::OperatorHandle> backward_op;  // defined with the forward op, before we load
+};
+
+// Re-raises an error from below with the type opforge gave it. (The stable ABI hands kernel
+// errors to torch as an error code; torch raises them again as std::runtime_error or c10::Error.)
+[[noreturn]] void rethrow_typed(const std::exception& error) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
+  const std::string message = c10_error ? c10_error->what_without_backtrace() : error.what();
+  switch (opforge_torch_error_kind(message.c_str())) {
+    case 0: TORCH_CHECK_TYPE(false, message);
+    case 1: TORCH_CHECK_VALUE(false, message);
+    case 2: TORCH_CHECK_NOT_IMPLEMENTED(false, message);
+    default: throw;
+  }
+}
+
+void redispatch_below_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  at::AutoDispatchBelowADInplaceOrView guard;
+  try {
+    op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+  } catch (const std::exception& error) {
+    rethrow_typed(error);
+  }
+}
+
+// torch 2.13 holds autograd nodes in c10::intrusive_ptr, older versions in std::shared_ptr;
+// this library builds against either (templates, so only the matching branch is compiled).
+template <class N>
+constexpr bool kIntrusiveNodes = std::is_base_of_v<c10::intrusive_ptr_target, N>;
+
+template <class N, class... Args>
+auto make_node(Args&&... args) {
+  if constexpr (kIntrusiveNodes<N>)
+    return c10::make_intrusive<N>(std::forward<Args>(args)...);
+  else
+    return std::make_shared<N>(std::forward<Args>(args)...);
+}
+
+template <class N>
+auto owning_pointer(N* node) {
+  if constexpr (kIntrusiveNodes<N>)
+    return node->getptr();
+  else
+    return node->shared_from_this();
+}
+
+class OpforgeBackward final : public torch::autograd::Node {
+ public:
+  explicit OpforgeBackward(std::shared_ptr<Plan> plan) : plan_(std::move(plan)), inputs_(plan_->num_args) {}
+
+  std::string name() const override { return "opforge::" + plan_->name + "Backward"; }
+
+  void save_inputs(const torch::jit::Stack& stack, size_t start) {
+    for (size_t i = 0; i < plan_->num_args; ++i) {
+      const c10::IValue& value = stack[start + i];
+      if (!plan_->saved[i]) continue;
+      if (plan_->is_tensor[i]) {
+        if (value.isTensor()) tensors_.emplace_back(i, SavedVariable(value.toTensor(), /*is_output=*/false));
+      } else {
+        inputs_[i] = value;
+      }
+    }
+  }
+  void save_result(const at::Tensor& result) { result_ = SavedVariable(result, /*is_output=*/true); }
+
+  variable_list apply(variable_list&& grads) override {
+    const Plan& plan = *plan_;
+    TORCH_CHECK(plan.has_backward, plan.name, "() is not differentiable: its declaration names no backward op");
+    for (size_t i = 1; i < grads.size(); ++i)
+      TORCH_CHECK_NOT_IMPLEMENTED(!grads[i].defined(), plan.name,
+                                  "(): backward through an op with several results is not supported yet");
+    // An unused result's cotangent arrives undefined; the backward op wants zeros.
+    at::Tensor grad = grads[0].defined() ? grads[0] : input_metadata(0).zeros_like();
+    std::vector<c10::IValue> forward(plan.num_args);
+    for (size_t i = 0; i < plan.num_args; ++i) forward[i] = inputs_[i];
+    for (const auto& [i, saved] : tensors_) forward[i] = saved.unpack(owning_pointer<torch::autograd::Node>(this));
+
+    const auto& schema = plan.backward_op->schema();
+    torch::jit::Stack stack;
+    stack.reserve(schema.arguments().size());
+    for (size_t a = 0; a < plan.backward_args.size(); ++a) {
+      const Source& source = plan.backward_args[a];
+      switch (source.kind) {
+        case Source::grad: stack.emplace_back(grad); break;
+        case Source::result: stack.emplace_back(result_.unpack(owning_pointer<torch::autograd::Node>(this))); break;
+        case Source::forward_arg: stack.emplace_back(forward[source.forward_index]); break;
+        case Source::schema_default: stack.emplace_back(*schema.arguments()[a].default_value()); break;
+      }
+    }
+    try {
+      plan.backward_op->callBoxed(stack);
+    } catch (const std::exception& error) {
+      rethrow_typed(error);
+    }
+    // One gradient per next edge (the forward op's tensor arguments, in order).
+    variable_list out;
+    std::vector<int64_t> edge_of_arg(plan.num_args, -1);
+    for (size_t i = 0; i < plan.num_args; ++i)
+      if (plan.is_tensor[i]) {
+        edge_of_arg[i] = static_cast<int64_t>(out.size());
+        out.emplace_back();
+      }
+    for (size_t r = 0; r < plan.gradient_of.size() && r < stack.size(); ++r) {
+      const int64_t edge = edge_of_arg[plan.gradient_of[r]];
+      if (task_should_compute_output(static_cast<size_t>(edge))) out[edge] = stack[r].toTensor();
+    }
+    return out;
+  }
+
+ protected:
+  void release_variables() override {
+    tensors_.clear();
+    result_.reset_data();
+  }
+
+ private:
+  std::shared_ptr<Plan> plan_;
+  std::vector<c10::IValue> inputs_;  // non-tensor arguments the backward op reads
+  std::vector<std::pair<size_t, SavedVariable>> tensors_;
+  SavedVariable result_;
+};
+
+bool any_requires_grad(const Plan& plan, const torch::jit::Stack& stack, size_t start) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (size_t i = 0; i < plan.num_args; ++i) {
+    const c10::IValue& value = stack[start + i];
+    if (plan.is_tensor[i] && value.isTensor() && value.toTensor().requires_grad()) return true;
+  }
+  return false;
+}
+
+// The Autograd kernel of one op (a functor: a plain boxed function could not tell which op).
+class AutogradKernel final : public c10::OperatorKernel {
+ public:
+  explicit AutogradKernel(std::shared_ptr<Plan> plan) : plan_(std::move(plan)) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+    const Plan& plan = *plan_;
+    const size_t start = stack->size() - plan.num_args;
+    if (!any_requires_grad(plan, *stack, start)) return redispatch_below_autograd(op, keys, stack);
+
+    // Edges to every tensor argument's gradient; none for arguments declared not differentiable
+    // (they get no gradient, as in the declaration) or absent (None).
+    auto node = make_node<OpforgeBackward>(plan_);
+    torch::autograd::edge_list edges;
+    for (size_t i = 0; i < plan.num_args; ++i) {
+      if (!plan.is_tensor[i]) continue;
+      const c10::IValue& value = (*stack)[start + i];
+      const bool wanted = plan.differentiable[i] && value.isTensor() && value.toTensor().requires_grad();
+      edges.push_back(wanted ? torch::autograd::impl::gradient_edge(value.toTensor()) : Edge());
+    }
+    node->set_next_edges(std::move(edges));
+    node->save_inputs(*stack, start);  // before the call consumes the arguments
+
+    redispatch_below_autograd(op, keys, stack);
+
+    const size_t first_result = stack->size() - plan.num_results;
+    for (size_t r = 0; r < plan.num_results; ++r) {
+      at::Tensor result = (*stack)[first_result + r].toTensor();
+      if (!torch::autograd::isDifferentiableType(result.scalar_type())) continue;
+      torch::autograd::set_history(result, node);
+      if (r == 0 && plan.saves_result) node->save_result(result);
+    }
+  }
+
+ private:
+  std::shared_ptr<Plan> plan_;
+};
+
+// Reads `op`'s declaration into a Plan; throws (caught by the caller) if the backward op cannot
+// be bound, which opforge's own registry has already checked.
+std::shared_ptr<Plan> make_plan(const OpDef& op) {
+  auto plan = std::make_shared<Plan>();
+  const auto& args = op.schema().args;
+  plan->name = op.name();
+  plan->num_args = args.size();
+  plan->num_results = static_cast<size_t>(op.schema().num_results);
+  plan->is_tensor.resize(args.size());
+  plan->differentiable.resize(args.size());
+  plan->saved.resize(args.size());
+  for (size_t i = 0; i < args.size(); ++i) plan->is_tensor[i] = args[i].is_tensor();
+  if (op.backward_op().empty()) return plan;
+
+  plan->has_backward = true;
+  for (const std::string& name : op.differentiable()) {
+    const int64_t i = op.schema().arg_index(name);
+    TORCH_CHECK(i >= 0, op.name(), "() declares a gradient for '", name, "', which it does not take");
+    plan->differentiable[i] = true;
+    plan->gradient_of.push_back(static_cast<size_t>(i));
+  }
+  plan->backward_op = c10::Dispatcher::singleton().findSchemaOrThrow(("opforge::" + op.backward_op()).c_str(), "");
+  for (const c10::Argument& arg : plan->backward_op->schema().arguments()) {
+    const int64_t i = op.schema().arg_index(arg.name());
+    if (arg.name() == "grad") {
+      plan->backward_args.push_back({Source::grad});
+    } else if (arg.name() == "result") {
+      plan->backward_args.push_back({Source::result});
+      plan->saves_result = true;
+    } else if (i >= 0) {
+      plan->backward_args.push_back({Source::forward_arg, static_cast<size_t>(i)});
+      plan->saved[i] = true;
+    } else {
+      TORCH_CHECK(arg.default_value().has_value(), op.backward_op(), "() takes '", arg.name(), "', which ", op.name(),
+                  "() cannot supply");
+      plan->backward_args.push_back({Source::schema_default});
+    }
+  }
+  return plan;
+}
+
+std::string& registration_errors() {
+  static std::string errors;
+  return errors;
+}
+
+}  // namespace
+
+}  // namespace opforge::torch_native
+
+// Every op opforge registered with torch (libopforge_torch.so, loaded before this library,
+// defined them all) gets its Autograd kernel. A failure is recorded, never thrown: throwing
+// from a static initializer would abort the process.
+TORCH_LIBRARY_IMPL(opforge, Autograd, m) {
+  using namespace opforge::torch_native;
+  for (const opforge::OpDef* op : opforge::all_ops()) {
+    try {
+      m.impl(op->name().c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AutogradKernel>(make_plan(*op))));
+    } catch (const std::exception& e) {
+      registration_errors() += "autograd kernel of '" + op->name() + "': " + e.what() + "\n";
+    }
+  }
+}
+
+// Empty when every op got its kernel; otherwise one line per problem (opforge.torch raises it).
+OPFORGE_TORCH_EXPORT const char* opforge_torch_native_registration_errors() {
+  return opforge::torch_native::registration_errors().c_str();
+}

@@ -1,0 +1,248 @@
+// The direct call behind opforge.torch.<op>(...): plain CPU tensors go from Python straight to
+// opforge's validator and kernel, without torch's dispatcher (whose Python entry alone costs
+// more than a native aten call). Everything else takes the torch op, unchanged: tensors that
+// need a gradient, tensor subclasses and FakeTensors, functorch wrappers, active dispatch modes,
+// CUDA tensors (their stream handling lives in the stable adapter), dtypes opforge lacks.
+// Uses torch's Python C++ API (THPVariable), so it lives in the torch-version-specific library.
+#include <Python.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "opforge/backend.h"
+#include "opforge/dispatch.h"
+#include "opforge/registry.h"
+
+#define OPFORGE_TORCH_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace opforge::torch_native {
+
+namespace {
+
+// One op's direct entry: its declaration and the torch op to fall back on.
+struct Entry {
+  const OpDef* op;
+  PyObject* overload;  // strong reference
+};
+
+std::optional<DType> dtype_of(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return DType::float32;
+    case at::kDouble: return DType::float64;
+    case at::kHalf: return DType::float16;
+    case at::kBFloat16: return DType::bfloat16;
+    case at::kChar: return DType::int8;
+    case at::kByte: return DType::uint8;
+    case at::kInt: return DType::int32;
+    case at::kLong: return DType::int64;
+    case at::kBool: return DType::boolean;
+    default: return std::nullopt;
+  }
+}
+
+at::ScalarType scalar_type_of(DType dtype) {
+  switch (dtype) {
+    case DType::float32: return at::kFloat;
+    case DType::float64: return at::kDouble;
+    case DType::float16: return at::kHalf;
+    case DType::bfloat16: return at::kBFloat16;
+    case DType::int8: return at::kChar;
+    case DType::uint8: return at::kByte;
+    case DType::int32: return at::kInt;
+    case DType::int64: return at::kLong;
+    case DType::boolean: return at::kBool;
+  }
+  return at::kFloat;
+}
+
+// Keys that mean "someone else must see this call": on a tensor, subclasses and FakeTensors
+// (Python), functionalization, functorch's vmap/grad wrappers; in the thread's included set,
+// an active dispatch mode or functorch transform.
+const c10::DispatchKeySet kNeedsDispatcher{
+    c10::DispatchKey::Python,         c10::DispatchKey::PythonTLSSnapshot,
+    c10::DispatchKey::PythonDispatcher, c10::DispatchKey::PreDispatch,
+    c10::DispatchKey::Functionalize,  c10::DispatchKey::FuncTorchDynamicLayerFrontMode,
+    c10::DispatchKey::FuncTorchDynamicLayerBackMode, c10::DispatchKey::FuncTorchBatched,
+    c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::FuncTorchVmapMode,
+    c10::DispatchKey::BatchedNestedTensor};
+
+// The tensor's view for the fast path, or nullopt if this call must take the torch op.
+std::optional<TensorView> plain_cpu_view(const at::Tensor& t, bool grad_mode) {
+  if (t.device().type() != c10::DeviceType::CPU || t.layout() != c10::kStrided) return std::nullopt;
+  if (t.key_set().has_any(kNeedsDispatcher) || t.is_conj() || t.is_neg()) return std::nullopt;
+  if (grad_mode && t.requires_grad()) return std::nullopt;
+  const std::optional<DType> dtype = dtype_of(t.scalar_type());
+  if (!dtype) return std::nullopt;
+  TensorView view;
+  view.data = t.data_ptr();  // includes the storage offset
+  view.dtype = *dtype;
+  view.device = Device{DeviceType::cpu, 0};
+  view.shape.assign(t.sizes().begin(), t.sizes().end());
+  view.strides.assign(t.strides().begin(), t.strides().end());
+  return view;
+}
+
+// Large results come from the CPU backend's memory, which keeps freed blocks mapped (torch's
+// allocator returns them, so each large result would pay its page faults again); as in
+// bindings/torch/call.cc.
+constexpr int64_t kBackendAllocationBytes = int64_t{1} << 20;
+
+// Below this many result elements a kernel takes about as long as handing the GIL over twice.
+constexpr int64_t kReleaseGilElements = 16384;
+
+at::Tensor allocate(Backend& backend, const TensorView& view) {
+  const auto options = at::TensorOptions().dtype(scalar_type_of(view.dtype)).device(at::kCPU);
+  if (view.nbytes() < kBackendAllocationBytes) return at::empty(view.shape, options);
+  void* data = backend.allocate(view.nbytes(), view.device, nullptr);
+  Backend* owner = &backend;
+  return at::from_blob(data, view.shape, view.strides, [owner](void* p) { owner->release(p, Device{DeviceType::cpu, 0}); }, options);
+}
+
+PyObject* raise(const Error& error) {
+  PyObject* type = PyExc_RuntimeError;
+  switch (error.kind()) {
+    case ErrorKind::type: type = PyExc_TypeError; break;
+    case ErrorKind::value: type = PyExc_ValueError; break;
+    case ErrorKind::not_implemented: type = PyExc_NotImplementedError; break;
+    case ErrorKind::runtime: break;
+  }
+  PyErr_SetString(type, error.what());
+  return nullptr;
+}
+
+// fn(*args): every schema argument, positional, in order (opforge.torch's generated wrapper
+// binds names and defaults and checks argument kinds before calling this).
+PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  auto* entry = static_cast<Entry*>(PyCapsule_GetPointer(self, nullptr));
+  if (!entry) return nullptr;
+  const OpDef& op = *entry->op;
+  const auto& specs = op.schema().args;
+  auto fall_back = [&] { return PyObject_Vectorcall(entry->overload, args, static_cast<size_t>(nargs), nullptr); };
+  if (static_cast<size_t>(nargs) != specs.size()) return fall_back();
+  if (c10::impl::tls_local_dispatch_key_set().included_.has_any(kNeedsDispatcher)) return fall_back();
+  try {
+    const bool grad_mode = at::GradMode::is_enabled();
+    OpInputs inputs;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      PyObject* value = args[i];
+      switch (specs[i].kind) {
+        case ArgKind::optional_tensor:
+          if (value == Py_None) {
+            inputs.tensors.emplace_back(std::nullopt);
+            break;
+          }
+          [[fallthrough]];
+        case ArgKind::tensor: {
+          if (!THPVariable_Check(value)) return fall_back();
+          std::optional<TensorView> view = plain_cpu_view(THPVariable_Unpack(value), grad_mode);
+          if (!view) return fall_back();
+          inputs.tensors.emplace_back(std::move(view));
+          break;
+        }
+        case ArgKind::float_: {
+          const double v = PyFloat_AsDouble(value);
+          if (v == -1.0 && PyErr_Occurred()) return nullptr;
+          inputs.attrs.emplace_back(v);
+          break;
+        }
+        case ArgKind::int_: {
+          const long long v = PyLong_AsLongLong(value);
+          if (v == -1 && PyErr_Occurred()) return nullptr;
+          inputs.attrs.emplace_back(static_cast<int64_t>(v));
+          break;
+        }
+        case ArgKind::bool_: inputs.attrs.emplace_back(value == Py_True); break;
+        case ArgKind::str: {
+          Py_ssize_t length = 0;
+          const char* text = PyUnicode_AsUTF8AndSize(value, &length);
+          if (!text) return nullptr;
+          inputs.attrs.emplace_back(std::string(text, static_cast<size_t>(length)));
+          break;
+        }
+      }
+    }
+    const Outputs results = infer_outputs(op, inputs);
+    const Selection selection = select_kernel(op, inputs);
+    std::vector<at::Tensor> outputs;
+    std::vector<TensorView> views;
+    for (const OutputSpec& spec : results) {
+      TensorView view{nullptr, spec.dtype, Device{DeviceType::cpu, 0}, spec.shape, contiguous_strides(spec.shape)};
+      outputs.push_back(allocate(*selection.backend, view));
+      view.data = outputs.back().data_ptr();
+      views.push_back(std::move(view));
+    }
+    int64_t work = 0;
+    for (const TensorView& v : views) work += v.numel();
+    if (work < kReleaseGilElements) {
+      run_kernel(op, selection, inputs, views, nullptr);
+    } else {
+      // Kernels may run long and use the thread pool; other Python threads go on meanwhile.
+      PyThreadState* state = PyEval_SaveThread();
+      try {
+        run_kernel(op, selection, inputs, views, nullptr);
+      } catch (...) {
+        PyEval_RestoreThread(state);
+        throw;
+      }
+      PyEval_RestoreThread(state);
+    }
+    if (outputs.size() == 1) return THPVariable_Wrap(std::move(outputs[0]));
+    PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(outputs.size()));
+    if (!tuple) return nullptr;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      PyObject* item = THPVariable_Wrap(std::move(outputs[i]));
+      if (!item) {
+        Py_DECREF(tuple);
+        return nullptr;
+      }
+      PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), item);
+    }
+    return tuple;
+  } catch (const Error& error) {
+    return raise(error);
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+    return nullptr;
+  }
+}
+
+PyMethodDef kDirectCall{"direct_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(&direct_call)),
+                        METH_FASTCALL, "opforge.torch's direct call of one op (internal)"};
+
+void free_entry(PyObject* capsule) {
+  auto* entry = static_cast<Entry*>(PyCapsule_GetPointer(capsule, nullptr));
+  Py_XDECREF(entry->overload);
+  delete entry;
+}
+
+}  // namespace
+
+}  // namespace opforge::torch_native
+
+// The direct call of op `name`, falling back on `overload` (torch.ops.opforge.<name>.default),
+// or nullptr with a Python error set. Called through ctypes.PyDLL, which holds the GIL.
+OPFORGE_TORCH_EXPORT PyObject* opforge_torch_native_direct_call(const char* name, PyObject* overload) {
+  using namespace opforge::torch_native;
+  const opforge::OpDef* op = opforge::lookup_op(name);
+  if (!op) {
+    PyErr_Format(PyExc_KeyError, "no opforge op named '%s'", name);
+    return nullptr;
+  }
+  auto* entry = new Entry{op, overload};
+  Py_INCREF(overload);
+  PyObject* capsule = PyCapsule_New(entry, nullptr, free_entry);
+  if (!capsule) {
+    Py_DECREF(overload);
+    delete entry;
+    return nullptr;
+  }
+  PyObject* fn = PyCFunction_New(&kDirectCall, capsule);
+  Py_DECREF(capsule);
+  return fn;
+}
