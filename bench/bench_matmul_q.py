@@ -1,6 +1,6 @@
 """matmul_q against torch's float32 matmul on the same weights dequantized.
 
-    python ops/matmul_q/bench_matmul_q.py [--repeats 20] [--targets AVX3,AVX2]
+    python bench/bench_matmul_q.py [--repeats 20] [--targets AVX3,AVX2]
 
 A 4096 x 4096 weight in Q4_0 and Q8_0 against 1 and 32 activation rows: median time of each,
 GFLOP/s (2 m n k flops), weight GB/s (bytes of the weight as each side reads it) and the ratio

@@ -40,6 +40,16 @@ def stream_bandwidth(threads: int, n: int = 64 << 20) -> dict[str, float]:
     return {"copy": 2 * 8 * n / copy / 1e9, "add": 3 * 8 * n / add / 1e9}
 
 
+def matmul_peak_gflops(threads: int, n: int = 2048) -> float:
+    """The float32 matrix-product rate torch's BLAS reaches on `threads` threads: the practical
+    FMA peak that compute-bound ops are measured against."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.rand(n, n), torch.rand(n, n)
+    return 2 * n**3 / median_seconds(lambda: torch.mm(a, b), repeats=5) / 1e9
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
