@@ -31,12 +31,15 @@ def reference(name):
 def sample(name, rng, dtype, rows=5, cols=33):
     """The op's sample inputs at a small odd size, as jax arrays of `dtype`, plus attrs."""
     arrays, attrs = reference(name).sample(rng, rows=rows, cols=cols)
-    return [jnp.asarray(a).astype(dtype) for a in arrays], attrs
+    # Float64 data becomes `dtype`; indices keep their integer type.
+    return [jnp.asarray(a).astype(dtype) if np.asarray(a).dtype == np.float64 else jnp.asarray(a)
+            for a in arrays], attrs
 
 
 def float64_reference(name, args, attrs):
     """The op's jax.numpy reference on the exact values the op saw, in float64."""
-    return reference(name).jax(*[a.astype(jnp.float64) for a in args], **attrs)
+    return reference(name).jax(*[a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a
+                                 for a in args], **attrs)
 
 
 def assert_close(got, want, dtype):

@@ -69,6 +69,8 @@ def sample(name, rng, dtype, rows=5, cols=33, grad=False, device="cpu"):
         values = {**dict(zip(tensor_names(forward), args)), "result": result,
                   "grad": torch.from_numpy(rng.standard_normal(tuple(result.shape))).to(result.dtype).to(device)}
         tensors = [values[n] for n in tensor_names(name)]
+        taken = {a["name"] for a in CORE[name].args}  # scatter_add_backward takes dim, not dim_size
+        attrs = {k: v for k, v in attrs.items() if k in taken}
     else:
         pytest.skip(f"{name} has no reference and is no op's backward")
     wanted = CORE[name].backward[1] if grad and CORE[name].backward else []
@@ -88,7 +90,7 @@ def test_opcheck(name, dtype, device, rng):
     checks = ["test_schema", "test_faketensor", "test_aot_dispatch_static", "test_aot_dispatch_dynamic"]
     torch.library.opcheck(op, tuple(tensors), attrs, test_utils=checks + ["test_autograd_registration"] * differentiable)
     if dtype in FLOAT_DTYPES and not differentiable:
-        needing = [t.detach().requires_grad_() for t in tensors]
+        needing = [t.detach().requires_grad_(t.is_floating_point()) for t in tensors]
         torch.library.opcheck(op, tuple(needing), attrs, test_utils="test_autograd_registration")
 
 
