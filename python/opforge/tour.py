@@ -34,13 +34,13 @@ def _framework(name: str):
     `adapter` is the module through which that framework's users call opforge (the
     framework's own adapter where it is built); the generic DLPack call otherwise."""
     if name == "numpy":
-        return (lambda a: a.astype(DTYPE), np.asarray, lambda r: r, lambda f: f, "opforge")
+        return (lambda a: a, np.asarray, lambda r: r, lambda f: f, "opforge")
     if importlib.util.find_spec(name) is None:
         return None
     if name == "torch":
         import torch
 
-        return (lambda a: torch.from_numpy(a.astype(DTYPE)), lambda t: t.numpy(), lambda r: r, lambda f: f,
+        return (lambda a: torch.from_numpy(a), lambda t: t.numpy(), lambda r: r, lambda f: f,
                 "opforge.torch")
     if name == "jax":
         import jax
@@ -48,7 +48,7 @@ def _framework(name: str):
         def sync(r):
             return r.block_until_ready() if hasattr(r, "block_until_ready") else r
 
-        return (lambda a: jax.device_put(a.astype(DTYPE)), np.asarray, sync, jax.jit, "opforge.jax")
+        return (lambda a: jax.device_put(a), np.asarray, sync, jax.jit, "opforge.jax")
     return None
 
 
@@ -79,7 +79,8 @@ def _rows(frameworks, rows, cols, repeats):
             fn = _adapter(adapter, name)
             if fn is None:  # adapter not built: the generic DLPack call still works
                 adapter, fn = "opforge", getattr(opforge, name)
-            args = [sync(to_native(a)) for a in arrays]
+            # Float data in the tour's dtype; integer inputs (indices) stay integers.
+            args = [sync(to_native(a.astype(DTYPE) if a.dtype == np.float64 else a)) for a in arrays]
             # Attributes are static: close over them, and jit both sides alike.
             ours_call = jit(lambda *a, _f=fn: _f(*a, **attrs)) if adapter == "opforge.jax" else (
                 lambda *a, _f=fn: _f(*a, **attrs))
