@@ -59,24 +59,29 @@ void run(const KernelCall& call) {
     using A = cuda::Acc<T>;
     A* g = nullptr;
     check(cudaMallocAsync(reinterpret_cast<void**>(&g), sizeof(A) * m * n, stream), "cudaMallocAsync");
-    const cuda::Indexer x_cols = cuda::make_indexer(op, {k}, {x.stride(-1)});
-    const Mat<T> xa{x.data_as<const T>(), x_rows, x_cols};
-    visit_act(call.attr_str("act"), [&](auto, auto act_grad) {
-      const GradAct<T, decltype(act_grad)> epi{g, n, grad.data_as<const T>(), g_rows, grad.stride(-1),
-                                               bias ? bias->data_as<const T>() : nullptr, bias ? bias->stride(0) : 0,
-                                               act_grad};
-      gemm<A>(op, m, n, k, xa, matrix(op, w.data_as<const T>(), n, w.stride(0), k, w.stride(1)), epi, stream);
-    });
-    if (k > 0) {
-      const BiasAct<T, Identity> gx{call.output(0).data_as<T>(), k, nullptr, 0, Identity{}};
-      const Mat<T> w_t = matrix(op, w.data_as<const T>(), k, w.stride(1), n, w.stride(0));
-      gemm<A>(op, m, k, n, matrix<A>(op, g, m, n, n, 1), w_t, gx, stream);
-      const BiasAct<T, Identity> gw{call.output(1).data_as<T>(), k, nullptr, 0, Identity{}};
-      gemm<A>(op, n, k, m, matrix<A>(op, g, n, 1, m, n), Mat<T>{x.data_as<const T>(), x_cols, x_rows}, gw, stream);
+    try {
+      const cuda::Indexer x_cols = cuda::make_indexer(op, {k}, {x.stride(-1)});
+      const Mat<T> xa{x.data_as<const T>(), x_rows, x_cols};
+      visit_act(call.attr_str("act"), [&](auto, auto act_grad) {
+        const GradAct<T, decltype(act_grad)> epi{g, n, grad.data_as<const T>(), g_rows, grad.stride(-1),
+                                                 bias ? bias->data_as<const T>() : nullptr, bias ? bias->stride(0) : 0,
+                                                 act_grad};
+        gemm<A>(op, m, n, k, xa, matrix(op, w.data_as<const T>(), n, w.stride(0), k, w.stride(1)), epi, stream);
+      });
+      if (k > 0) {
+        const BiasAct<T, Identity> gx{call.output(0).data_as<T>(), k, nullptr, 0, Identity{}};
+        const Mat<T> w_t = matrix(op, w.data_as<const T>(), k, w.stride(1), n, w.stride(0));
+        gemm<A>(op, m, k, n, matrix<A>(op, g, m, n, n, 1), w_t, gx, stream);
+        const BiasAct<T, Identity> gw{call.output(1).data_as<T>(), k, nullptr, 0, Identity{}};
+        gemm<A>(op, n, k, m, matrix<A>(op, g, n, 1, m, n), Mat<T>{x.data_as<const T>(), x_cols, x_rows}, gw, stream);
+      }
+      sum_rows<<<cuda::blocks_for(n, 256), 256, 0, stream>>>(call.output(2).data_as<T>(), static_cast<const A*>(g), m, n);
+      cuda::check_launch(op);
+    } catch (...) {  // a failed launch (gemm checks each of its own) must not leak the workspace
+      cudaFreeAsync(g, stream);
+      throw;
     }
-    sum_rows<<<cuda::blocks_for(n, 256), 256, 0, stream>>>(call.output(2).data_as<T>(), static_cast<const A*>(g), m, n);
     check(cudaFreeAsync(g, stream), "cudaFreeAsync");
-    cuda::check_launch(op);
   });
 }
 

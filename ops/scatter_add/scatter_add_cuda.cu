@@ -77,11 +77,13 @@ void run(const KernelCall& call) {
       scatter::fail_index(call, "dim_size", dim_size, bad->second, bad->first);
     if (n > 0) {
       iota_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(positions, n);
+      cuda::check_launch(op);  // before cub, which would report this launch's error as its own
       scatter_cuda::check(op, cub::DeviceRadixSort::SortPairs(sort_storage, sort_bytes, keys, sorted, positions, order,
                                                               n, 0, end_bit, stream),
                           "cub::DeviceRadixSort::SortPairs");
     }
     start_kernel<<<cuda::blocks_for(dim_size + 1, kThreads), kThreads, 0, stream>>>(start, sorted, n, dim_size);
+    cuda::check_launch(op);
     cuda::visit(src.dtype, op, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (std::is_integral_v<T>) {

@@ -51,7 +51,10 @@ inline std::optional<std::pair<int64_t, int64_t>> read_index(const KernelCall& c
   check(op, cudaMemcpyAsync(&bad, scratch, sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
   check(op, cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   if (bad == kNone) return std::nullopt;
-  check(op, cudaMemcpy(&value, keys + bad, sizeof value, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  // On the caller's stream, not cudaMemcpy's legacy default stream (which would also wait for
+  // every other blocking stream of the device).
+  check(op, cudaMemcpyAsync(&value, keys + bad, sizeof value, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+  check(op, cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   return std::pair<int64_t, int64_t>{static_cast<int64_t>(bad), static_cast<int64_t>(value)};
 }
 

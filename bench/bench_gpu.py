@@ -1,0 +1,313 @@
+"""Every op on the GPU against torch eager, torch.compile, jax.jit and the measured copy bandwidth.
+
+    python bench/bench_gpu.py [--ops rms_norm,softmax] [--mib 256] [--repeats 50] [--no-compile]
+                              [--no-jax] [--out DIR]
+
+For each op with a reference (ops/<name>/reference.py), in float32 at 4096 columns and enough
+rows for --mib MiB per full-size input, plus matmul_q (4096 x 4096 Q4_0 / Q8_0 weights against 1
+and 32 activation rows, vs torch's float32 and float16 matmul of the dequantized weights):
+median time, GB/s (bytes read + written once, from the actual arrays), % of the device-to-device
+copy bandwidth measured in the same run (torch copy_, counting read + write), and opforge's
+speedup over each competitor (their time / ours). linear_act is compute-bound: TFLOP/s and % of
+torch.mm's float32 rate measured in the same run instead.
+
+opforge runs through torch.ops.opforge on CUDA tensors, on torch's current stream. torch
+implementations are timed with CUDA events around each call (median of --repeats); jax.jit,
+which runs on XLA's own stream, by wall clock over 10 back-to-back calls ended by one
+block_until_ready (dispatch overlaps the GPU work, as in real use), median of --repeats / 5.
+Inputs rotate among copies whose total is at least 3x the L2 cache, so no call finds its
+inputs in L2. Writes ops_cuda.csv (after each op, so an interrupted run keeps what it measured)
+and ops_cuda.md into --out (default bench/results). Without a CUDA device it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+COLS = 4096
+START = time.monotonic()
+FIELDS = ["op", "shape", "impl", "median_us", "rate", "unit", "pct_of_limit", "opforge_speedup"]
+
+
+class Float32Rng:
+    """The references' samples draw float64; at GPU sizes that is seconds of host time per input.
+    This draws the same distribution straight in float32."""
+
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+
+    def standard_normal(self, size=None):
+        return self.rng.standard_normal(size, dtype=np.float32)
+
+    def __getattr__(self, name):
+        return getattr(self.rng, name)
+
+
+def cuda_events_median(fn, arg_sets, repeats, warmup=3):
+    """Median milliseconds of fn(*args) between two CUDA events on the current stream, the
+    argument sets taken in turn."""
+    import torch
+
+    for i in range(warmup):
+        fn(*arg_sets[i % len(arg_sets)])
+    pairs = []
+    for i in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*arg_sets[i % len(arg_sets)])
+        end.record()
+        pairs.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+
+
+def jax_median(fn, arg_sets, repeats, inner=10):
+    """Median milliseconds per call of `inner` back-to-back calls ended by one block_until_ready."""
+    out = None
+    for i in range(3):
+        out = fn(*arg_sets[i % len(arg_sets)])
+    out.block_until_ready()
+    times = []
+    for _ in range(max(3, repeats // 5)):
+        start = time.perf_counter()
+        for i in range(inner):
+            out = fn(*arg_sets[i % len(arg_sets)])
+        out.block_until_ready()
+        times.append((time.perf_counter() - start) / inner * 1e3)
+    return statistics.median(times)
+
+
+def copies_for(nbytes, l2_bytes):
+    """How many copies of an input set keep the rotation's total past 3x the L2 cache."""
+    return max(2, min(64, math.ceil(3 * l2_bytes / max(1, nbytes))))
+
+
+def copy_bandwidth(nbytes, repeats):
+    """Device-to-device copy (torch copy_) in GB/s, counting bytes read + written."""
+    import torch
+
+    n = nbytes // 4
+    a, b = torch.empty(n, device="cuda").normal_(), torch.empty(n, device="cuda")
+    ms = cuda_events_median(lambda: b.copy_(a), [()], repeats)
+    return 2 * n * 4 / (ms * 1e-3) / 1e9
+
+
+def matmul_rate(repeats, n=8192):
+    """torch.mm float32 TFLOP/s (TF32 as torch is configured: off by default)."""
+    import torch
+
+    a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
+    ms = cuda_events_median(torch.mm, [(a, b)], max(5, repeats // 5))
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def implementations(name, ref, attrs, compile_torch, use_jax):
+    """impl -> (callable, "torch" | "jax")."""
+    import torch
+
+    impls = {"opforge": (lambda *a: getattr(torch.ops.opforge, name)(*a, **attrs), "torch")}
+    if hasattr(ref, "torch"):
+        impls["torch eager"] = (lambda *a: ref.torch(*a, **attrs), "torch")
+        if compile_torch:
+            torch._dynamo.reset()  # one code object for every op: keep clear of the recompile limit
+            impls["torch.compile"] = (torch.compile(lambda *a: ref.torch(*a, **attrs), dynamic=False), "torch")
+    if use_jax and hasattr(ref, "jax"):
+        import jax
+
+        impls["jax.jit"] = (jax.jit(lambda *a: ref.jax(*a, **attrs)), "jax")
+    return impls
+
+
+class Results:
+    """Rows, written to CSV after every op, so a run cut short keeps what it measured."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir, self.rows = out_dir, []
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    def add(self, op, shape, times, unit, amount, limit):
+        """times: impl -> ms; amount: bytes (GB/s) or flops (TFLOP/s); limit: the rate to compare."""
+        scale = 1e9 if unit == "GB/s" else 1e12
+        for impl, ms in times.items():
+            rate = amount / (ms * 1e-3) / scale
+            row = {"op": op, "shape": shape, "impl": impl, "median_us": round(ms * 1e3, 2), "rate": round(rate, 2),
+                   "unit": unit, "pct_of_limit": round(100 * rate / limit, 1) if limit else "",
+                   "opforge_speedup": round(ms / times["opforge"], 3)}
+            self.rows.append(row)
+            speed = "" if impl == "opforge" else f"{row['opforge_speedup']:.2f}x"
+            pct = f"{row['pct_of_limit']:.0f}%" if limit else ""
+            print(f"{op:<14} {shape:<22} {impl:<14} {row['median_us']:>10.1f} {rate:>9.1f} {unit:<8} {pct:>6} {speed:>9}",
+                  flush=True)
+        with open(self.out_dir / "ops_cuda.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            writer.writeheader()
+            writer.writerows(self.rows)
+
+    def markdown(self, header):
+        impls = list(dict.fromkeys(r["impl"] for r in self.rows))
+        lines = header + ["", "| op | shape | opforge | % of limit | " + " | ".join(
+            f"vs {i}" for i in impls if i != "opforge") + " |", "|" + " --- |" * (3 + len(impls))]
+        for op, shape in dict.fromkeys((r["op"], r["shape"]) for r in self.rows):
+            by = {r["impl"]: r for r in self.rows if r["op"] == op and r["shape"] == shape}
+            if "opforge" not in by:
+                continue
+            ours = by["opforge"]
+            cells = [f"{by[i]['opforge_speedup']:.2f}x" if i in by else "" for i in impls if i != "opforge"]
+            pct = f"{ours['pct_of_limit']:.0f}%" if ours["pct_of_limit"] != "" else ""
+            lines.append(f"| {op} | {shape} | {ours['rate']:.1f} {ours['unit']} | {pct} | " + " | ".join(cells) + " |")
+        lines += ["", "vs X: X's time / opforge's time (above 1: opforge is faster)."]
+        path = self.out_dir / "ops_cuda.md"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+
+def out_of_time(args, what):
+    if args.budget_s is not None and time.monotonic() - START > args.budget_s:
+        print(f"bench_gpu.py: --budget-s {args.budget_s:.0f} spent; skipping {what}", flush=True)
+        return True
+    return False
+
+
+def bench_reference_ops(ops, args, results, copy_gbs, mm_tflops, l2_bytes):
+    import torch
+
+    rows = max(1, args.mib * (1 << 20) // (4 * COLS))
+    for name in ops:
+        if out_of_time(args, name):
+            continue
+        ref = importlib.import_module(f"opforge.references.{name}")
+        arrays, attrs = ref.sample(Float32Rng(0), rows=rows, cols=COLS)
+        # float data in float32; integer inputs (scatter_add's index) keep their dtype
+        base = [torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32 if np.issubdtype(a.dtype, np.floating)
+                                                      else a.dtype)).cuda() for a in map(np.asarray, arrays)]
+        out = getattr(torch.ops.opforge, name)(*base, **attrs)
+        set_bytes = sum(t.numel() * t.element_size() for t in base)
+        nbytes = set_bytes + out.numel() * out.element_size()
+        sets = [base] + [[t.clone() for t in base] for _ in range(copies_for(set_bytes, l2_bytes) - 1)]
+        impls = implementations(name, ref, attrs, not args.no_compile, not args.no_jax)
+        times = {}
+        for impl, (fn, kind) in impls.items():
+            try:
+                if kind == "jax":
+                    import jax
+
+                    jsets = [[jax.device_put(t.cpu().numpy(), jax.devices("gpu")[0]) for t in s] for s in sets]
+                    times[impl] = jax_median(fn, jsets, args.repeats)
+                    del jsets
+                else:
+                    times[impl] = cuda_events_median(fn, sets, args.repeats)
+            except Exception as error:  # a competitor failing (say, no jax GPU) is reported, not fatal
+                print(f"{name}: {impl} failed: {type(error).__name__}: {str(error)[:200]}", flush=True)
+        shape = "x".join(map(str, base[0].shape))
+        if hasattr(ref, "flops"):
+            shapes_only = [np.broadcast_to(np.float32(0), tuple(t.shape)) for t in base[:2]]  # flops() reads shapes
+            results.add(name, shape, times, "TFLOP/s", ref.flops(shapes_only), mm_tflops)
+        else:
+            results.add(name, shape, times, "GB/s", nbytes, copy_gbs)
+        del sets, base, out
+        torch.cuda.empty_cache()
+
+
+def bench_matmul_q(args, results, copy_gbs, l2_bytes):
+    """matmul_q moves 4-8x fewer weight bytes than a float32 matmul of the dequantized weights."""
+    import torch
+
+    import opforge
+
+    rng = np.random.default_rng(0)
+    n = k = 4096
+    for fmt in ("q4_0", "q8_0"):
+        if out_of_time(args, f"matmul_q {fmt}"):
+            continue
+        w = torch.from_numpy(getattr(opforge, f"quantize_{fmt}")(rng.standard_normal((n, k), dtype=np.float32))).cuda()
+        w32 = torch.ops.opforge.dequantize(w, fmt)
+        w16 = w32.half()
+        for m in (1, 32):
+            x = torch.from_numpy(rng.standard_normal((m, k), dtype=np.float32)).cuda()
+            copies = copies_for(w.numel(), l2_bytes)  # weights dominate: rotate those
+            ws = [w] + [w.clone() for _ in range(copies - 1)]
+            w32s = [w32] + [w32.clone() for _ in range(copies_for(w32.numel() * 4, l2_bytes) - 1)]
+            w16s = [w16] + [w16.clone() for _ in range(copies_for(w16.numel() * 2, l2_bytes) - 1)]
+            times = {
+                "opforge": cuda_events_median(lambda wq: torch.ops.opforge.matmul_q(x, wq, fmt), [(t,) for t in ws],
+                                              args.repeats),
+                "torch f32 dequantized": cuda_events_median(lambda wd: x @ wd.T, [(t,) for t in w32s], args.repeats),
+                "torch f16 dequantized": cuda_events_median(lambda wd: x.half() @ wd.T, [(t,) for t in w16s],
+                                                            args.repeats),
+            }
+            nbytes = w.numel() + x.numel() * 4 + m * n * 4
+            results.add("matmul_q", f"{fmt} {m}x{k} @ {n}x{k}^T", times, "GB/s", nbytes, copy_gbs)
+            del ws, w32s, w16s
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", default=None, help="comma-separated; default: every op with a reference, and matmul_q")
+    parser.add_argument("--mib", type=int, default=256, help="MiB per full-size input (default 256)")
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to compile)")
+    parser.add_argument("--no-jax", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="stop starting new ops after this many seconds (the tables keep what was measured)")
+    args = parser.parse_args(argv)
+
+    try:
+        import torch
+    except ImportError:
+        print("bench_gpu.py: torch is not installed; no CUDA device to measure")
+        return 0
+    if not torch.cuda.is_available():
+        print("bench_gpu.py: no CUDA device (torch.cuda.is_available() is False); nothing to measure")
+        return 0
+    import opforge
+    import opforge.torch  # noqa: F401  (torch.ops.opforge)
+
+    cuda = next((b for b in opforge.backends() if b["name"] == "cuda"), None)
+    if not cuda or not cuda["available"]:  # a GPU but no opforge kernels for it: a broken build
+        print(f"bench_gpu.py: torch sees a GPU but opforge's CUDA backend is unavailable: "
+              f"{cuda['reason'] if cuda else 'opforge was built without CUDA'}")
+        return 1
+    if not args.no_jax:
+        try:
+            import jax
+
+            jax.devices("gpu")
+        except Exception as error:  # jax missing or CPU-only: the table simply lacks that column
+            print(f"bench_gpu.py: jax.jit left out ({type(error).__name__}: {error})")
+            args.no_jax = True
+
+    with_refs = [n for n in opforge._core.op_names()
+                 if importlib.util.find_spec(f"opforge.references.{n}") and not n.endswith("_backward")]
+    ops = args.ops.split(",") if args.ops else with_refs + ["matmul_q"]
+    props = torch.cuda.get_device_properties(0)
+    l2_bytes = getattr(props, "L2_cache_size", 50 << 20)
+    copy_gbs = copy_bandwidth(args.mib << 20, args.repeats)
+    mm_tflops = matmul_rate(args.repeats) if "linear_act" in ops else 0.0
+    header = [f"# opforge on {props.name} (torch {torch.__version__})", "",
+              f"Device-to-device copy (torch copy_, {args.mib} MiB, read + write): {copy_gbs:.0f} GB/s; "
+              f"% of limit below is of that" + (f", or for linear_act of torch.mm float32: {mm_tflops:.1f} TFLOP/s"
+                                                if mm_tflops else "") + ".",
+              f"float32, {COLS} columns, {args.mib} MiB per full-size input, inputs rotated past 3x the "
+              f"{l2_bytes >> 20} MiB L2; median of {args.repeats} (CUDA events; jax.jit: wall clock, see the script)."]
+    print("\n".join(header) + "\n", flush=True)
+    print(f"{'op':<14} {'shape':<22} {'impl':<14} {'median µs':>10} {'rate':>9} {'unit':<8} {'% lim':>6} {'speedup':>9}")
+    results = Results(args.out)
+    bench_reference_ops([o for o in ops if o != "matmul_q"], args, results, copy_gbs, mm_tflops, l2_bytes)
+    if "matmul_q" in ops:
+        bench_matmul_q(args, results, copy_gbs, l2_bytes)
+    print(f"\nwrote {args.out / 'ops_cuda.csv'} and {results.markdown(header)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

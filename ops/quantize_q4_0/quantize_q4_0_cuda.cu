@@ -1,0 +1,12 @@
+// quantize_q4_0 on CUDA: one warp per 32-value block (opforge/cuda/ggml_quant.cuh), the same
+// bytes as the CPU kernel and ggml's reference quantizer.
+#include "opforge/cuda/ggml_quant.cuh"
+#include "opforge/registry.h"
+
+namespace opforge::quantize_q4_0_cuda {
+
+void run(const KernelCall& call) { cuda::launch_quantize<quant::Format::q4_0>(call, "quantize_q4_0"); }
+
+OPFORGE_KERNEL(quantize_q4_0, "cuda", (std::vector<DType>{DType::float32, DType::float16, DType::bfloat16}), run);
+
+}  // namespace opforge::quantize_q4_0_cuda

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# One run on a GPU machine (the H100 test machine: no network, one 10-minute command): builds
+# opforge with its CUDA kernels, runs the GPU tests, compute-sanitizer (memcheck, racecheck) over a
+# focused GPU subset, the GPU benchmark, then the rest of the test suite with the time left.
+# Every step is logged; a failing step does not stop the later ones; the exit status is 1 if
+# any step failed. Run from the repository root:
+#
+#   bash scripts/gpu_check.sh                       # on the GPU machine
+#   bash scripts/gpu_check.sh --bundle-deps DIR     # on a dev machine: Highway + DLPack headers
+#                                                   # into DIR, for a GPU machine without them
+#
+# Logs, the summary and bench results go to $OUT when set (the device runner brings that back),
+# else bench/results/. The build uses build/gpu-deps (from --bundle-deps) when the system has no
+# Highway. Time budget: about 9 minutes in all; later steps get what the earlier ones left.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ "${1:-}" == "--bundle-deps" ]]; then
+  dest="${2:?usage: gpu_check.sh --bundle-deps DIR}"
+  arch_dir="lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)"
+  mkdir -p "$dest/include" "$dest/$arch_dir/cmake"
+  cp -r /usr/include/hwy "$dest/include/"
+  cp -r /usr/include/dlpack "$dest/include/"
+  cp -r "/usr/$arch_dir/cmake/hwy" "$dest/$arch_dir/cmake/"
+  cp -a /usr/"$arch_dir"/libhwy*.so* "$dest/$arch_dir/"
+  du -sh "$dest"
+  exit 0
+fi
+
+START=$SECONDS
+TOTAL_BUDGET=${GPU_CHECK_BUDGET_S:-540}
+LOGS="${OUT:-bench/results}"
+mkdir -p "$LOGS"
+SUMMARY="$LOGS/gpu_check_summary.txt"
+: > "$SUMMARY"
+failed=0
+
+left() { echo $(( TOTAL_BUDGET - (SECONDS - START) )); }
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+# step NAME CAP_SECONDS COMMAND...: runs with min(CAP, time left), SIGINT first (pytest then
+# prints its summary), logs to $LOGS/gpu_check_NAME.log.
+step() {
+  local name=$1 cap=$2
+  shift 2
+  local budget
+  budget=$(left)
+  (( budget > cap )) && budget=$cap
+  if (( budget < 15 )); then
+    note "SKIP  $name (no time left)"
+    return
+  fi
+  local t0=$SECONDS
+  echo "=== $name (up to ${budget}s): $*"
+  timeout -s INT -k 20 "$budget" "$@" > "$LOGS/gpu_check_$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$LOGS/gpu_check_$name.log"
+  if (( rc == 0 )); then
+    note "PASS  $name ($((SECONDS - t0))s)"
+  else
+    (( rc == 124 || rc == 130 )) && note "TIME  $name hit its ${budget}s limit (rc $rc)" || note "FAIL  $name (rc $rc, $((SECONDS - t0))s)"
+    failed=1
+  fi
+}
+
+note "gpu_check on $(hostname) at $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
+python3 -c 'import torch, jax; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "| jax", jax.__version__, jax.devices())' 2>&1 | tee -a "$SUMMARY"
+
+# --- build --------------------------------------------------------------------------------------
+# A venv over the system packages (torch, jax, nanobind, scikit-build-core), so nothing is fetched;
+# the package installs directly where venv/ensurepip is missing.
+PY=python3
+if python3 -m venv --system-site-packages /tmp/opforge-gpu-venv > /dev/null 2>&1; then
+  PY=/tmp/opforge-gpu-venv/bin/python
+fi
+# sm_90 only (the H100): half the CUDA compile time of the default sm_80 + sm_90.
+cmake_args=(-Ccmake.define.CMAKE_CUDA_ARCHITECTURES=${GPU_CHECK_CUDA_ARCH:-90} -Ccmake.define.OPFORGE_CUDA=ON
+            "-Cbuild-dir=${GPU_CHECK_BUILD_DIR:-build/gpu}")
+arch_dir="lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)"
+if ! ls /usr/"$arch_dir"/cmake/hwy/hwy-config.cmake /usr/lib/cmake/hwy/hwy-config.cmake /usr/local/lib/cmake/hwy/hwy-config.cmake > /dev/null 2>&1 \
+   && [[ -d build/gpu-deps ]]; then
+  deps="$PWD/build/gpu-deps"
+  note "Highway: not on the system; using $deps"
+  cmake_args+=("-Ccmake.define.hwy_DIR=$deps/$arch_dir/cmake/hwy")
+  export CPATH="$deps/include${CPATH:+:$CPATH}"
+  export LD_LIBRARY_PATH="$deps/$arch_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+export CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
+install=("$PY" -m pip install --no-build-isolation --no-deps --no-index --disable-pip-version-check -v "${cmake_args[@]}" .)
+if [[ $PY == python3 ]] && python3 -m pip install --help 2>/dev/null | grep -q break-system-packages; then
+  install+=(--break-system-packages)  # a throwaway machine: no venv module, so the system it is
+fi
+step build 330 "${install[@]}"
+if ! "$PY" -c 'import opforge, sys; i = opforge.info(); print(i["backends"]); sys.exit(0 if i["built_with_cuda"] else 1)' 2>&1 | tee -a "$SUMMARY"; then
+  note "FAIL  opforge is not importable or was built without CUDA: see $LOGS/gpu_check_build.log"
+  exit 1
+fi
+
+# JAX would take 75% of the GPU at its first use; torch and the sanitizer need room too.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+pytest=("$PY" -m pytest -p no:cacheprovider)
+
+# --- the GPU tests first: every op with a CUDA kernel, every dtype, torch / jax / CuPy ------------
+step test_cuda 150 "${pytest[@]}" -rfEs tests/python/test_cuda.py
+
+# --- compute-sanitizer over small GPU cases (every kernel, float32; the tiling edges of matmul_q) --
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
+subset="torch_tensors_match_cpu and float32 or matmul_q_bits_match_cpu and (m9- or m70-) or strided_inputs and float16"
+# Without torch's caching allocator every tensor is its own allocation, so memcheck sees overruns
+# that would otherwise land inside a cached block.
+if [[ -z "$SAN" ]]; then
+  note "FAIL  compute-sanitizer not found (memcheck and racecheck not run)"
+  failed=1
+else
+  step memcheck 110 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SAN" --tool memcheck --target-processes all --error-exitcode 9 \
+    "${pytest[@]}" -x tests/python/test_cuda.py -k "$subset"
+  # racecheck looks at shared memory: the kernels that use it (norms, softmax, reductions, matmul_q).
+  step racecheck 90 "$SAN" --tool racecheck --target-processes all --error-exitcode 9 \
+    "${pytest[@]}" -x tests/python/test_cuda.py \
+    -k "torch_tensors_match_cpu and float32 and (matmul_q or norm or softmax or backward) or matmul_q_bits_match_cpu and m70-"
+fi
+
+# --- the benchmark (its tables are written as it goes) --------------------------------------------
+bench_budget=$(( $(left) - 150 ))
+(( bench_budget > 150 )) && bench_budget=150
+(( bench_budget < 30 )) && bench_budget=30
+step bench $((bench_budget + 60)) "$PY" bench/bench_gpu.py --mib 256 --repeats 30 --out "$LOGS" --budget-s "$bench_budget"
+
+# --- everything else, with the GPU present (test_torch's and test_jax's CUDA cases included) -----
+step suite 600 "${pytest[@]}" -rfE tests/python ops --ignore=tests/python/test_cuda.py
+
+note "total $((SECONDS - START))s; logs in $LOGS"
+exit $failed

@@ -1,0 +1,404 @@
+"""opforge's CUDA kernels through every adapter, held to one bar without naming ops: every op
+with a CUDA kernel, every dtype that kernel declares, on torch CUDA tensors (the generic DLPack
+path opforge.<op> and torch.ops.opforge.<op>), on JAX GPU arrays under jit, and on CuPy arrays
+when CuPy is installed, against the same op on the CPU and, where the op has one, its float64
+reference. Then: results are ordered on torch's current stream; a config override that forces
+the CPU backend makes a GPU array a clear error; bad inputs on the GPU raise typed exceptions.
+
+Skipped without a CUDA device. OPFORGE_TEST_DEVICE=cpu runs the same bodies on CPU tensors
+against the CPU backend, which checks the tests' own plumbing on a machine without a GPU (the
+comparisons are then CPU against CPU; the stream and mixed-device tests skip).
+"""
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import opforge  # noqa: E402
+import opforge.torch  # noqa: E402,F401  (defines torch.ops.opforge)
+from harness import FLOAT_DTYPES, TOLERANCES  # noqa: E402
+
+DEVICE = os.environ.get("OPFORGE_TEST_DEVICE", "cuda")
+assert DEVICE in ("cuda", "cpu"), f"OPFORGE_TEST_DEVICE must be cuda or cpu, got {DEVICE!r}"
+ON_GPU = DEVICE == "cuda"
+pytestmark = pytest.mark.skipif(ON_GPU and not torch.cuda.is_available(), reason="needs a CUDA device")
+
+OPS = opforge._core.op_names()
+CORE = {name: opforge._core.op(name) for name in OPS}
+FORWARD_OF = {CORE[n].backward[0]: n for n in OPS if CORE[n].backward}
+
+
+def kernel_dtypes(name):
+    """Dtypes of the op's kernel on the backend under test ([] when it has none)."""
+    return next((k["dtypes"] for k in CORE[name].kernels if k["backend"] == DEVICE), [])
+
+
+DEVICE_OPS = [n for n in OPS if kernel_dtypes(n)]
+# Ops whose GPU kernel promises the CPU kernel's bits: the ggml formats by contract, and these
+# sums in the CPU's order (scatter_add's comment) or single roundings (add, mul).
+EXACT = {"quantize_q8_0", "quantize_q4_0", "dequantize", "matmul_q"}
+EXACT_WIDE = {"scatter_add", "add", "mul"}  # in float32 / float64 and the integer types
+QUANT_FORMATS = {"dequantize", "matmul_q"}
+
+
+def has_reference(name):
+    return importlib.util.find_spec(f"opforge.references.{name}") is not None
+
+
+def reference(name):
+    return importlib.import_module(f"opforge.references.{name}")
+
+
+def tensor_names(name):
+    return [a["name"] for a in CORE[name].args if a["kind"].startswith("Tensor")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: each op's reference sample; ops without one get theirs here; backward ops are fed
+# from their forward op (cotangent drawn like the forward result). All made on the CPU.
+
+def blocks_of_32(rng, rows, blocks):
+    """Normal values with per-block scales over 1e-3..1e3 (fp16 scales vary widely), one block of
+    zeros and one of -0.0: the quantizers' special cases."""
+    x = rng.standard_normal((rows, 32 * blocks)) * 10.0 ** rng.uniform(-3, 3, (rows, blocks)).repeat(32, axis=1)
+    x[0, :32] = 0.0
+    if x.size > 32:
+        x.reshape(-1)[32:64] = -0.0
+    return x
+
+
+def quant_weights(rng, n, k, fmt):
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    return getattr(opforge, f"quantize_{fmt}")(w)
+
+
+SAMPLES = {  # (rng, rows, cols, fmt) -> (arrays, attrs); cols is rounded to blocks of 32
+    "quantize_q8_0": lambda rng, rows, cols, fmt: ([blocks_of_32(rng, rows, cols // 32 + 1)], {}),
+    "quantize_q4_0": lambda rng, rows, cols, fmt: ([blocks_of_32(rng, rows, cols // 32 + 1)], {}),
+    "dequantize": lambda rng, rows, cols, fmt: (
+        [getattr(opforge, f"quantize_{fmt}")(blocks_of_32(rng, rows, cols // 32 + 1).astype(np.float32))],
+        {"format": fmt}),
+    "matmul_q": lambda rng, rows, cols, fmt: (
+        [rng.standard_normal((rows, 32 * (cols // 32 + 1))), quant_weights(rng, 7, 32 * (cols // 32 + 1), fmt)],
+        {"format": fmt}),
+    "scatter_add": lambda rng, rows, cols, fmt: (
+        [rng.standard_normal((rows * 3, cols)), rng.integers(0, rows, rows * 3)], {"dim_size": rows, "dim": 0}),
+}
+
+
+def sample(name, rng, dtype, fmt=None, rows=5, cols=33):
+    """(CPU tensors in schema order, attrs) for `name` in `dtype`."""
+    if name in SAMPLES:
+        arrays, attrs = SAMPLES[name](rng, rows, cols, fmt)
+    elif has_reference(name):
+        arrays, attrs = reference(name).sample(rng, rows=rows, cols=cols)
+    elif name in FORWARD_OF:
+        forward = FORWARD_OF[name]
+        args, attrs = sample(forward, rng, dtype, fmt, rows, cols)
+        result = getattr(torch.ops.opforge, forward)(*args, **attrs)
+        values = {**dict(zip(tensor_names(forward), args)), "result": result,
+                  "grad": torch.from_numpy(rng.standard_normal(tuple(result.shape))).to(result.dtype)}
+        own = {a["name"] for a in CORE[name].args}  # the backward may take fewer attributes
+        return [values[n] for n in tensor_names(name)], {k: v for k, v in attrs.items() if k in own}
+    else:
+        pytest.fail(f"{name} has a {DEVICE} kernel but no sample: add one to SAMPLES in {__file__}")
+
+    def convert(a):  # float64 data becomes `dtype`; indices and quantized bytes keep their own
+        a = np.asarray(a)
+        if a.dtype != np.float64:
+            return torch.from_numpy(np.ascontiguousarray(a))
+        if dtype.startswith("int"):
+            a = rng.integers(-1000, 1000, a.shape)
+        return torch.from_numpy(a).to(getattr(torch, dtype))
+
+    return [convert(a) for a in arrays], attrs
+
+
+def cases():
+    out = []
+    for n in DEVICE_OPS:
+        for d in kernel_dtypes(n):
+            for fmt in (("q8_0", "q4_0") if n in QUANT_FORMATS else (None,)):
+                out.append(pytest.param(n, d, fmt, id="-".join(filter(None, (n, d, fmt)))))
+    return out
+
+
+def as_tuple(out):
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def assert_matches(got, want, name, dtype):
+    """`got` (any device) equals the CPU result `want`: bit for bit where the op promises it,
+    else within the dtype's tolerance (the kernels may sum in another order)."""
+    got, want = as_tuple(got), as_tuple(want)
+    assert len(got) == len(want)
+    exact = name in EXACT or (name in EXACT_WIDE and dtype not in ("float16", "bfloat16"))
+    for g, w in zip(got, want):
+        g = g.cpu()
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
+        if exact or not w.is_floating_point():
+            assert torch.equal(g, w), f"{name}: {(g != w).sum().item()} of {w.numel()} elements differ"
+        else:
+            rtol, atol = TOLERANCES[str(w.dtype).removeprefix("torch.")]
+            torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def cpu_result(name, tensors, attrs):
+    return getattr(torch.ops.opforge, name)(*tensors, **attrs)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def test_cuda_backend_is_available():
+    """A GPU is present (or this is the CPU dry run): opforge must have been built with CUDA and
+    see the device, else every test below would quietly run nothing on the GPU."""
+    if not ON_GPU:
+        pytest.skip("dry run on the CPU")
+    cuda = next(b for b in opforge.backends() if b["name"] == "cuda")
+    assert opforge.info()["built_with_cuda"], "opforge was built without CUDA (no nvcc at build time?)"
+    assert cuda["available"], cuda["reason"]
+    missing = sorted(set(OPS) - set(DEVICE_OPS))
+    assert not missing, f"ops without a CUDA kernel: {missing}"
+
+
+@pytest.mark.parametrize("name, dtype, fmt", cases())
+def test_torch_tensors_match_cpu(name, dtype, fmt, rng):
+    tensors, attrs = sample(name, rng, dtype, fmt)
+    want = cpu_result(name, tensors, attrs)
+    on_device = [t.to(DEVICE) for t in tensors]
+    for fn in (getattr(opforge, name), getattr(torch.ops.opforge, name)):
+        got = fn(*on_device, **attrs)
+        for g in as_tuple(got):
+            assert isinstance(g, torch.Tensor) and g.device.type == DEVICE, (fn, g.device)
+        assert_matches(got, want, name, dtype)
+    if has_reference(name) and dtype in FLOAT_DTYPES:  # and against the float64 reference
+        values = [t.double() if t.is_floating_point() else t for t in tensors]
+        ref = as_tuple(reference(name).torch(*values, **attrs))
+        rtol, atol = TOLERANCES[dtype]
+        for g, r in zip(as_tuple(got), ref):
+            np.testing.assert_allclose(g.double().cpu().numpy(), r.numpy(), rtol=rtol, atol=atol)
+
+
+def jax_device():
+    """The JAX device under test, or None where JAX has none (a CPU-only jaxlib on a GPU host)."""
+    try:
+        import jax
+    except ImportError:
+        return None
+    try:
+        return jax.devices("gpu" if ON_GPU else "cpu")[0]
+    except RuntimeError:
+        return None
+
+
+def to_jax(t, device):
+    import jax
+    import jax.numpy as jnp
+
+    if t.dtype == torch.bfloat16:  # NumPy has no bfloat16: widen exactly, narrow in JAX
+        return jax.device_put(jnp.asarray(t.float().numpy()).astype(jnp.bfloat16), device)
+    return jax.device_put(t.numpy(), device)
+
+
+@pytest.mark.parametrize("name, dtype, fmt", cases())
+def test_jax_arrays_under_jit_match_cpu(name, dtype, fmt, rng):
+    device = jax_device()
+    if device is None:
+        pytest.skip("jax has no GPU device here" if ON_GPU else "jax is not installed")
+    import jax
+    import jax.numpy as jnp
+    import opforge.jax as oj
+
+    tensors, attrs = sample(name, rng, dtype, fmt)
+    want = cpu_result(name, tensors, attrs)
+    args = [to_jax(t, device) for t in tensors]
+    got = jax.jit(lambda *a: getattr(oj, name)(*a, **attrs))(*args)
+    back = []
+    for g in as_tuple(got):
+        assert device in g.devices(), (g.devices(), device)
+        if g.dtype == jnp.bfloat16:
+            back.append(torch.from_numpy(np.asarray(g.astype(jnp.float32))).to(torch.bfloat16))
+        else:
+            back.append(torch.from_numpy(np.array(g)))  # a writable copy
+    assert_matches(tuple(back), want, name, dtype)
+
+
+@pytest.mark.parametrize("name, dtype, fmt", [c for c in cases() if c.values[1] != "bfloat16"])
+def test_cupy_arrays_on_a_side_stream_match_cpu(name, dtype, fmt, rng):
+    if not ON_GPU:
+        pytest.skip("CuPy arrays live on the GPU")
+    cupy = pytest.importorskip("cupy")  # CuPy has no bfloat16: those cases are left out above
+    tensors, attrs = sample(name, rng, dtype, fmt)
+    want = cpu_result(name, tensors, attrs)
+    args = [cupy.asarray(t.numpy()) for t in tensors]
+    cupy.cuda.Device().synchronize()  # the copies above ran on CuPy's default stream
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:  # opforge takes CuPy's current stream through the DLPack path
+        got = getattr(opforge, name)(*args, **attrs)
+    stream.synchronize()
+    back = []
+    for g in as_tuple(got):
+        assert isinstance(g, cupy.ndarray), type(g)
+        back.append(torch.from_numpy(cupy.asnumpy(g)))
+    assert_matches(tuple(back), want, name, dtype)
+
+
+@pytest.mark.parametrize("path", ["opforge", "torch.ops"])
+@pytest.mark.parametrize("name", [n for n in DEVICE_OPS if "float32" in kernel_dtypes(n)])
+def test_runs_on_torch_current_stream(name, path, rng):
+    """On a side stream, the inputs get their values only after a ~50 ms busy kernel. A kernel
+    launched on any other stream (the legacy default one, say: torch's side streams do not
+    wait for it) would read the zeros that were there before and give another result."""
+    if not ON_GPU:
+        pytest.skip("streams need a GPU")
+    fn = getattr(opforge, name) if path == "opforge" else getattr(torch.ops.opforge, name)
+    tensors, attrs = sample(name, rng, "float32", "q4_0")
+    want = cpu_result(name, tensors, attrs)
+    real = [t.cuda() for t in tensors]
+    placeholders = [torch.zeros_like(t) for t in real]  # zeros: a valid index, and other results
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # cycles: ~50 ms at 2 GHz
+        for p, t in zip(placeholders, real):
+            p.copy_(t)
+        got = tuple(g.clone() for g in as_tuple(fn(*placeholders, **attrs)))  # ordered after the op
+    side.synchronize()
+    assert_matches(got, want, name, "float32")
+
+
+@pytest.fixture
+def restore_backend():
+    yield
+    for op in [None] + OPS:
+        opforge.set_backend(None, op)
+
+
+def test_forced_cpu_backend_rejects_gpu_arrays(restore_backend, rng):
+    """Forcing the other backend is an error naming the override, never a silent copy."""
+    other = "cpu" if ON_GPU else "cuda"
+    x = torch.from_numpy(rng.standard_normal((4, 32))).float().to(DEVICE)
+    message = f"quantize_q8_0(): backend '{other}' (forced by set_backend()) cannot run on {DEVICE} tensors"
+    opforge.set_backend(other, "quantize_q8_0")
+    for fn in (opforge.quantize_q8_0, torch.ops.opforge.quantize_q8_0):
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            fn(x)
+    assert torch.equal(opforge.add(x, x).cpu(), (x + x).cpu())  # other ops keep their backend
+    device = jax_device()
+    if device is not None:  # through XLA: the handler reports it, the op's name in the message
+        import opforge.jax as oj
+
+        with pytest.raises(Exception, match=re.escape(message)):
+            oj.quantize_q8_0(to_jax(x.cpu(), device)).block_until_ready()
+    opforge.set_backend(None, "quantize_q8_0")
+    assert torch.equal(opforge.quantize_q8_0(x).cpu(), opforge.quantize_q8_0(x.cpu()))
+
+
+def test_env_override_forcing_cpu_rejects_gpu_arrays():
+    if not ON_GPU:
+        pytest.skip("needs a GPU array")
+    code = ("import torch, opforge\n"
+            "try:\n    opforge.add_one(torch.ones(3, device='cuda'))\n"
+            "except RuntimeError as e:\n    print(e)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPFORGE_")}
+    proc = subprocess.run([sys.executable, "-c", code], env={**env, "OPFORGE_BACKEND": "cpu"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "add_one(): backend 'cpu' (forced by OPFORGE_BACKEND) cannot run on cuda tensors"
+
+
+def gpu_only():
+    if not ON_GPU:
+        pytest.skip("needs tensors on two kinds of device")
+
+
+@pytest.mark.parametrize("fn", [lambda: opforge.add, lambda: torch.ops.opforge.add], ids=["opforge", "torch.ops"])
+def test_mixed_devices_raise(fn):
+    gpu_only()
+    x, y = torch.ones(3, device="cuda"), torch.ones(3)
+    with pytest.raises(RuntimeError, match=re.escape(
+            "add(): 'y' is on cpu but 'x' is on cuda:0; all tensors must be on one device")):
+        fn()(x, y)
+    w = opforge.quantize_q4_0(torch.ones(5, 64))
+    with pytest.raises(RuntimeError, match=r"matmul_q\(\): 'w' is on cpu but 'x' is on cuda:0"):
+        opforge.matmul_q(torch.ones(2, 64, device="cuda"), w, "q4_0")
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda d: opforge.rms_norm(torch.ones(2, 4, device=d), torch.ones(3, device=d)), ValueError,
+     r"rms_norm(): 'weight' must have shape [4], got [3]"),
+    (lambda d: opforge.matmul_q(torch.ones(2, 48, device=d), torch.zeros(5, 36, dtype=torch.uint8, device=d), "q4_0"),
+     ValueError, "matmul_q(): 'x' last dimension must be a multiple of 32, got 48"),
+    (lambda d: torch.ops.opforge.dequantize(torch.zeros(3, 36, dtype=torch.uint8, device=d), "q5_0"), ValueError,
+     "dequantize(): 'format' must be 'q8_0' or 'q4_0', got 'q5_0'"),
+    (lambda d: torch.ops.opforge.quantize_q4_0(torch.ones(2, 64, dtype=torch.float64, device=d)), TypeError,
+     "quantize_q4_0(): 'x' must have dtype in [float32, float16, bfloat16], got float64"),
+    # The index is checked on the device; the first bad position comes back before any write.
+    (lambda d: opforge.scatter_add(torch.ones(4, 3, device=d), torch.tensor([0, 1, 7, 9], device=d), 5), ValueError,
+     "scatter_add(): 'index' must hold values in [0, dim_size) = [0, 5), got 7 at position 2"),
+])
+def test_bad_inputs_raise_typed_errors(call, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        call(DEVICE)
+
+
+# ---------------------------------------------------------------------------------------------
+# The quantized ops at the shapes that stress the GPU kernels' tiling: chunks of 16 blocks,
+# 8-row and 32-column tiles (and partial ones), row tiles past gridDim.y's 65535, strides.
+
+MATMUL_SHAPES = [pytest.param(m, k, n, id=f"m{m}-k{k}-n{n}") for m, k, n in
+                 [(1, 4096, 33), (32, 4096, 17), (9, 544, 100), (70, 64, 5), (3, 1056, 9), (8 * 65535 + 9, 32, 3)]]
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("m, k, n", MATMUL_SHAPES)
+def test_matmul_q_bits_match_cpu_at_tile_edges(m, k, n, fmt, rng):
+    x = torch.from_numpy(rng.standard_normal((m, k)) * 10.0 ** rng.uniform(-2, 2, (m, 1))).float()
+    w = torch.from_numpy(quant_weights(rng, n, k, fmt))
+    got = opforge.matmul_q(x.to(DEVICE), w.to(DEVICE), fmt)
+    assert torch.equal(got.cpu(), opforge.matmul_q(x, w, fmt))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_quantized_ops_on_strided_inputs(dtype, rng):
+    base = torch.from_numpy(blocks_of_32(rng, 6, 9)).to(getattr(torch, dtype))
+    x = base.to(DEVICE)[1::2, ::3]  # rows 1, 3, 5; every third element: inner stride 3
+    assert not x.is_contiguous() and x.shape == (3, 96)
+    xt = base.to(DEVICE).t().contiguous().t()  # column-major
+    for fmt in ("q8_0", "q4_0"):
+        quantize = getattr(opforge, f"quantize_{fmt}")
+        for view in (x, xt):
+            assert torch.equal(quantize(view).cpu(), quantize(view.cpu()))
+        w = quant_weights(rng, 10, 96, fmt)
+        tall = torch.zeros((20, w.shape[1]), dtype=torch.uint8)
+        tall[::2] = torch.from_numpy(w)
+        for wv in (tall.to(DEVICE)[::2], torch.from_numpy(w).to(DEVICE).t().contiguous().t(),
+                   torch.from_numpy(np.ascontiguousarray(w)).to(DEVICE)[:, :]):
+            assert torch.equal(opforge.matmul_q(x, wv, fmt).cpu(), opforge.matmul_q(x.cpu(), wv.cpu(), fmt))
+            assert torch.equal(opforge.dequantize(wv, fmt).cpu(), opforge.dequantize(wv.cpu(), fmt))
+        # A weight view starting at an odd byte: the kernel's 16-bit loads must fall back to bytes.
+        odd = torch.zeros(w.size + 1, dtype=torch.uint8)
+        odd[1:] = torch.from_numpy(w.reshape(-1))
+        wv = odd.to(DEVICE)[1:].view(w.shape)
+        assert torch.equal(opforge.matmul_q(x, wv, fmt).cpu(), opforge.matmul_q(x.cpu(), torch.from_numpy(w), fmt))
+
+
+def test_quantize_ties_and_fragile_values(rng):
+    """Values on the rounding boundaries (x * id exactly half-integers, from the CPU tests) give
+    the CPU's bytes on the device too."""
+    ties = np.concatenate([[-8.0], np.arange(-7.5, 8.0, 0.5)])
+    q8_ties = np.concatenate([[127.0], np.arange(-15.5, 15.5, 1.0)])
+    pair = np.zeros(32)
+    pair[[5, 9]] = [3.0, -3.0]
+    x = torch.from_numpy(np.concatenate([ties, q8_ties, pair, -pair, np.zeros(32), blocks_of_32(rng, 1, 64)[0]]))
+    x = x.float()
+    for fmt in ("q8_0", "q4_0"):
+        quantize = getattr(opforge, f"quantize_{fmt}")
+        assert torch.equal(quantize(x.to(DEVICE)).cpu(), quantize(x))
