@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
@@ -30,6 +31,29 @@ int64_t default_threads() {
 }
 
 thread_local bool in_pool_task = false;
+
+// Waiting threads poll this long before blocking. A futex wake-up costs several microseconds,
+// as much as a whole small op; back-to-back calls (a model's layers) find their workers still
+// spinning and start at once. OpenMP runtimes do the same (GOMP_SPINCOUNT, KMP_BLOCKTIME).
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Polls `done` for up to kSpin; the caller then blocks (or finds it true under its lock).
+template <class F>
+void spin_until(const F& done) {
+  const auto stop = std::chrono::steady_clock::now() + kSpin;
+  for (int i = 1; !done(); ++i) {
+    cpu_relax();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() > stop) return;
+  }
+}
 
 class Pool {
  public:
@@ -67,6 +91,7 @@ class Pool {
       return;
     }
     if (workers_.empty()) start();
+    bool wake = false;
     {
       // A worker that woke late for the previous job may still be in work(): let it leave
       // before the job's fields change under it.
@@ -81,9 +106,12 @@ class Pool {
       pending_ = chunks_;
       error_ = nullptr;
       ++generation_;
+      wake = sleepers_ > 0;
     }
-    wake_.notify_all();
+    // Workers still spinning from the last job see the new generation without a wake-up.
+    if (wake) wake_.notify_all();
     work();
+    spin_until([&] { return pending_ == 0 && active_ == 0; });
     std::unique_lock lock(mutex_);
     done_.wait(lock, [&] { return pending_ == 0 && active_ == 0; });
     body_ = nullptr;
@@ -110,9 +138,12 @@ class Pool {
     in_pool_task = true;
     uint64_t seen = 0;
     while (true) {
+      spin_until([&] { return stopping_ || generation_ != seen; });
       {
         std::unique_lock lock(mutex_);
+        ++sleepers_;
         wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+        --sleepers_;
         if (stopping_) return;
         seen = generation_;
         ++active_;
@@ -147,10 +178,13 @@ class Pool {
   std::condition_variable wake_, done_;
   std::vector<std::thread> workers_;
   std::atomic<int64_t> threads_{default_threads()};
-  bool stopping_ = false;
-  uint64_t generation_ = 0;
+  // Atomic so that spinning threads may read them without the mutex; written under it.
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int64_t> pending_{0}, active_{0};
+  int64_t sleepers_ = 0;  // workers blocked on wake_ (under mutex_)
   const std::function<void(int64_t, int64_t)>* body_ = nullptr;
-  int64_t n_ = 0, chunk_ = 1, chunks_ = 0, pending_ = 0, active_ = 0;
+  int64_t n_ = 0, chunk_ = 1, chunks_ = 0;
   std::atomic<int64_t> next_{0};
   std::exception_ptr error_;
 };

@@ -107,7 +107,15 @@ void* current_stream(Framework framework, Device device) {
     nb::object stream = nb::module_::import_("cupy").attr("cuda").attr("get_current_stream")();
     return reinterpret_cast<void*>(nb::cast<uintptr_t>(stream.attr("ptr")));
   }
-  return nullptr;
+  // JAX and unknown producers: their stream is not ours to know. Never the legacy default
+  // stream (it serializes against every blocking stream in the process): CUDA's per-thread
+  // default stream (cudaStreamPerThread, DLPack's stream code 2); call_op waits for it before
+  // handing results back, and JAX inputs are made ready first (prepare_call).
+  return reinterpret_cast<void*>(uintptr_t{2});
+}
+
+bool synchronizes_on_return(Framework framework) {
+  return framework != Framework::torch && framework != Framework::cupy;
 }
 
 }  // namespace opforge::python

@@ -33,7 +33,11 @@ Allocation allocate(Backend& backend, DType dtype, const std::vector<int64_t>& s
 // Wraps an allocation as an array of `framework` (no copy).
 nb::object wrap(const Allocation& result, Framework framework);
 
-// The framework's current stream for CUDA arrays (torch, CuPy); nullptr otherwise.
+// The stream a call on `device` runs on: the framework's current stream for torch and CuPy
+// CUDA arrays, CUDA's per-thread default stream for other CUDA arrays; nullptr on the CPU.
 void* current_stream(Framework framework, Device device);
+// True where the caller's framework cannot order its work after ours (JAX, unknown DLPack
+// producers): the call waits for its stream before returning CUDA results.
+bool synchronizes_on_return(Framework framework);
 
 }  // namespace opforge::python

@@ -110,6 +110,9 @@ PreparedCall prepare_call(const OpDef& op, const nb::args& args, const nb::kwarg
     } catch (const Error& e) {
       fail(e.kind(), op.name(), "(): '", spec.name, "' has ", e.what());  // e.g. a complex dtype
     }
+    // A JAX GPU array may still be computing on a stream we cannot see: wait for it.
+    if (inputs.tensors.back()->device.type == DeviceType::cuda && framework_of(value) == Framework::jax)
+      value.attr("block_until_ready")();
     if (!have_framework) {
       call.framework = framework_of(value);
       have_framework = true;
@@ -172,6 +175,8 @@ nb::object call_op(const OpDef& op, nb::args args, nb::kwargs kwargs) {
   {
     nb::gil_scoped_release no_gil;  // kernels may run long and use the thread pool
     run_kernel(op, selection, inputs, views, stream);
+    if (device.type == DeviceType::cuda && synchronizes_on_return(framework))
+      selection.backend->synchronize(device, stream);
   }
   if (results.size() == 1) return wrap(results[0], framework);
   nb::list out;

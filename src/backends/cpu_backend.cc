@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,8 +30,11 @@ class LargeBlockCache {
  public:
   void* take(size_t size) {
     std::lock_guard lock(mutex_);
-    auto it = free_.find(size);
-    if (it == free_.end()) return nullptr;
+    // The most recently freed block of this size (last of its equal range): its pages are the
+    // likeliest to still be in cache and TLB, and reuse does not depend on older leftovers.
+    auto it = free_.upper_bound(size);
+    if (it == free_.begin() || std::prev(it)->first != size) return nullptr;
+    --it;
     void* p = it->second;
     free_.erase(it);
     cached_ -= size;
