@@ -5,29 +5,23 @@
 A 4096 x 4096 weight in Q4_0 and Q8_0 against 1 and 32 activation rows: median time of each,
 GFLOP/s (2 m n k flops), weight GB/s (bytes of the weight as each side reads it) and the ratio
 torch time / opforge time (> 1: opforge faster). One line per pinned SIMD target (AVX3 runs
-the VNNI kernel, AVX2 pmaddubsw, SSE4 and SCALAR the portable loop).
+the VNNI kernel, AVX2 pmaddubsw, SSE4 and SCALAR the portable loop). Writes
+bench/results/matmul_q_cpu.csv and .png.
 """
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import torch
 
+import common
 import opforge
 
 QUANTIZE = {"q4_0": opforge.quantize_q4_0, "q8_0": opforge.quantize_q8_0}
 
 
 def median_seconds(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return common.median_seconds(fn, repeats=repeats, warmup=1)
 
 
 def main():
@@ -44,6 +38,7 @@ def main():
           f"{torch.get_num_threads()} threads); weight {n} x {k}")
     print(f"{'format':<6} {'rows':>4} {'target':<7} {'opforge ms':>10} {'GFLOP/s':>8} {'GB/s':>6} "
           f"{'torch ms':>9} {'GFLOP/s':>8} {'GB/s':>6} {'ratio':>6}")
+    rows = []
     for fmt, quantize in QUANTIZE.items():
         w = quantize(rng.standard_normal((n, k)).astype(np.float32))
         w_torch = torch.from_numpy(opforge.dequantize(w, fmt))
@@ -61,6 +56,15 @@ def main():
                 print(f"{fmt:<6} {m:>4} {target:<7} {ours * 1e3:>10.3f} {flops / ours / 1e9:>8.1f} "
                       f"{w.nbytes / ours / 1e9:>6.1f} {theirs * 1e3:>9.3f} {flops / theirs / 1e9:>8.1f} "
                       f"{w_torch.numel() * 4 / theirs / 1e9:>6.1f} {theirs / ours:>5.2f}x")
+                rows.append({"format": fmt, "rows": m, "target": target, "opforge_ms": ours * 1e3,
+                             "opforge_GFLOP_per_s": flops / ours / 1e9, "opforge_weight_GB_per_s": w.nbytes / ours / 1e9,
+                             "torch_f32_ms": theirs * 1e3, "torch_GFLOP_per_s": flops / theirs / 1e9,
+                             "torch_weight_GB_per_s": w_torch.numel() * 4 / theirs / 1e9, "speedup": theirs / ours})
+    print(f"\nwrote {common.write_csv('matmul_q_cpu', rows)}")
+    groups = [f"{r['format']} m={r['rows']} {r['target']}" for r in rows]
+    series = {"opforge matmul_q": [r["opforge_GFLOP_per_s"] for r in rows],
+              "torch float32 (dequantized)": [r["torch_GFLOP_per_s"] for r in rows]}
+    print(f"wrote {common.bar_plot('matmul_q_cpu', f'matmul_q vs torch float32, {n}x{k} weight', groups, series, 'GFLOP/s')}")
 
 
 if __name__ == "__main__":
