@@ -6,25 +6,10 @@ import pytest
 import torch
 
 import opforge
+from opforge.references.dequantize import numpy as ggml_dequantize  # ggml's dequantize_row_* in NumPy
 
 BYTES = {"q8_0": 34, "q4_0": 18}
 SHAPES = [(1,), (7, 3), (2, 3, 5), (4, 128), (0, 2), (3, 0)]  # in blocks
-
-
-def ggml_dequantize(q, fmt):
-    """ggml's dequantize_row_q8_0 / _q4_0: one float32 product per value."""
-    q = np.ascontiguousarray(q)
-    nb = q.shape[-1] // BYTES[fmt]
-    blocks = q.reshape(q.shape[:-1] + (nb, BYTES[fmt]))
-    d = blocks[..., :2].copy().view("<f2").astype(np.float32)
-    if fmt == "q8_0":
-        quants = blocks[..., 2:].view(np.int8)
-    else:
-        nib = blocks[..., 2:].astype(np.int16)
-        quants = np.concatenate([(nib & 15) - 8, (nib >> 4 & 15) - 8], axis=-1)
-    with np.errstate(invalid="ignore", over="ignore"):
-        out = quants.astype(np.float32) * d
-    return out.reshape(q.shape[:-1] + (nb * 32,))
 
 
 def random_blocks(rng, shape, fmt):

@@ -6,29 +6,11 @@ import pytest
 import torch
 
 import opforge
+from opforge.references.quantize_q4_0 import numpy as ggml_q4_0  # ggml's quantizer in NumPy
 from harness import STRIDED_KINDS, cases, strided, to_float64, to_framework
 
 DTYPES = ("float32", "float16", "bfloat16")
 SHAPES = [(32,), (1, 32), (7, 96), (2, 3, 64), (3, 4096), (0, 64), (4, 0)]
-
-
-def ggml_q4_0(x):
-    """ggml's reference quantizer, vectorized, with its float32 roundings: max = the first value
-    of largest magnitude (+0 in an all-zero block), d = max / -8, id = 1 / d (0 for d = 0),
-    q = min(15, trunc(x * id + 8.5)) with the product and the sum each rounded to float32."""
-    x = np.ascontiguousarray(x, np.float32)
-    nb = x.shape[-1] // 32
-    blocks = x.reshape(x.shape[:-1] + (nb, 32))
-    first = np.abs(blocks).argmax(axis=-1)  # argmax keeps the first, like ggml's strict `<`
-    mx = np.take_along_axis(blocks, first[..., None], axis=-1)[..., 0]
-    mx = np.where(mx == 0, np.float32(0), mx)
-    d = mx / np.float32(-8)
-    with np.errstate(divide="ignore"):
-        inv = np.where(d != 0, np.float32(1) / d, np.float32(0))
-    q = np.minimum(15, np.trunc(blocks * inv[..., None] + np.float32(8.5))).astype(np.uint8)
-    scale = d.astype("<f2").view(np.uint8).reshape(d.shape + (2,))
-    out = np.concatenate([scale, q[..., :16] | (q[..., 16:] << 4)], axis=-1)
-    return out.reshape(x.shape[:-1] + (nb * 18,))
 
 
 def data(rng, shape):

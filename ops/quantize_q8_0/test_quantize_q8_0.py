@@ -6,26 +6,11 @@ import pytest
 import torch
 
 import opforge
+from opforge.references.quantize_q8_0 import numpy as ggml_q8_0  # ggml's quantizer in NumPy
 from harness import STRIDED_KINDS, cases, strided, to_float64, to_framework
 
 DTYPES = ("float32", "float16", "bfloat16")
 SHAPES = [(32,), (1, 32), (7, 96), (2, 3, 64), (3, 4096), (0, 64), (4, 0)]
-
-
-def ggml_q8_0(x):
-    """ggml's reference quantizer, vectorized, with its float32 roundings: d = amax / 127,
-    id = 1 / d (0 for d = 0), q = roundf(x * id) (half away from zero), d stored as fp16."""
-    x = np.ascontiguousarray(x, np.float32)
-    blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // 32, 32))
-    d = np.abs(blocks).max(axis=-1, initial=np.float32(0)) / np.float32(127)
-    with np.errstate(divide="ignore"):
-        inv = np.where(d != 0, np.float32(1) / d, np.float32(0))
-    p = blocks * inv[..., None]
-    t = np.trunc(p)
-    q = t + np.where(np.abs(p - t) >= 0.5, np.sign(p), np.float32(0))
-    scale = d.astype("<f2").view(np.uint8).reshape(d.shape + (2,))
-    out = np.concatenate([scale, q.astype(np.int8).view(np.uint8)], axis=-1)
-    return out.reshape(x.shape[:-1] + (x.shape[-1] // 32 * 34,))
 
 
 def data(rng, shape):

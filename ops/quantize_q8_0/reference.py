@@ -1,0 +1,46 @@
+"""quantize_q8_0's reference: a NumPy transcription of ggml's quantize_row_q8_0_ref with its
+float32 roundings (no framework has ggml's formats: the torch and jax entries run the same
+transcription on the arrays' values). Used by the op's tests, the adapters' tests and the tour."""
+
+BLOCK = 32
+
+
+def sample(rng, rows=512, cols=1024):
+    """x [rows, k], k the multiple of 32 at or below cols (at least 32), with block scales
+    spread over 1e-3..1e3 so the fp16 scales vary widely."""
+    k = max(BLOCK, cols // BLOCK * BLOCK)
+    x = rng.standard_normal((rows, k))
+    if x.size:
+        x *= 10.0 ** rng.uniform(-3, 3, (rows, k // BLOCK)).repeat(BLOCK, axis=1)
+    return [x], {}
+
+
+def numpy(x):
+    """d = amax / 127, id = 1 / d (0 for d = 0), q = roundf(x * id) (half away from zero), d
+    stored as little-endian fp16 before the 32 int8 quants of each block."""
+    import numpy as np
+
+    x = np.ascontiguousarray(x, np.float32)
+    blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // BLOCK, BLOCK))
+    d = np.abs(blocks).max(axis=-1, initial=np.float32(0)) / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0))
+    p = blocks * inv[..., None]
+    t = np.trunc(p)
+    q = t + np.where(np.abs(p - t) >= 0.5, np.sign(p), np.float32(0))
+    scale = d.astype("<f2").view(np.uint8).reshape(d.shape + (2,))
+    out = np.concatenate([scale, q.astype(np.int8).view(np.uint8)], axis=-1)
+    return out.reshape(x.shape[:-1] + (x.shape[-1] // BLOCK * 34,))
+
+
+def torch(x):
+    import torch
+
+    return torch.from_numpy(numpy(x.detach().cpu().float().numpy())).to(x.device)
+
+
+def jax(x):
+    import jax.numpy as jnp
+    import numpy as np
+
+    return jnp.asarray(numpy(np.asarray(x.astype(jnp.float32))))
