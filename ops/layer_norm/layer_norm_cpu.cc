@@ -16,17 +16,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
+#include "opforge/cpu/rows-inl.h"
 #include "opforge/cpu/simd-inl.h"
 #include "opforge/cpu/strided.h"
 #include "opforge/cpu/visit.h"
 #include "opforge/registry.h"
-
-#if HWY_ARCH_X86
-#include <immintrin.h>  // _mm_sfence
-#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace opforge::layer_norm_cpu::HWY_NAMESPACE {
@@ -34,10 +30,6 @@ namespace hn = hwy::HWY_NAMESPACE;
 using namespace opforge::cpu::HWY_NAMESPACE;
 
 constexpr int64_t kBlock = 16;  // vectors
-// Outputs at least this big are written with non-temporal stores (see WriteRow).
-constexpr int64_t kStreamBytes = 8 << 20;
-// Elements per parallel chunk, at least (torch's grain): less work costs less than a thread handoff.
-constexpr int64_t kGrain = 1 << 15;
 
 // The row's mean is base + mu.
 template <typename C>
@@ -106,24 +98,6 @@ Moments<Compute<T>> RowMoments(const T* HWY_RESTRICT x, int64_t n, double eps) {
   return {base, mu, C(1) / std::sqrt(var + static_cast<C>(eps))};
 }
 
-// out[0, n) = f(i) (a vector: the lanes from i on), fs(i) for single elements. With stream, the
-// aligned float32/float64 body goes out as non-temporal stores: a big output would not stay
-// in cache anyway, and skipping the read-for-ownership saves a third of the memory traffic.
-template <typename T, class F, class FS>
-HWY_INLINE void WriteRow(T* HWY_RESTRICT out, int64_t n, bool stream, const F& f, const FS& fs) {
-  const hn::ScalableTag<Compute<T>> d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  int64_t i = 0;
-  if constexpr (std::is_same_v<T, Compute<T>>) {
-    if (stream) {
-      for (; i < n && reinterpret_cast<uintptr_t>(out + i) % (lanes * sizeof(T)) != 0; ++i) out[i] = fs(i);
-      for (; i + lanes <= n; i += lanes) hn::Stream(f(i), d, out + i);
-    }
-  }
-  for (; i + lanes <= n; i += lanes) StoreAs(d, f(i), out + i);
-  for (; i < n; ++i) out[i] = FromCompute<T>(fs(i));
-}
-
 // x, w, b (nullptr: no bias) and out are contiguous rows of n elements.
 template <typename T>
 void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, const T* HWY_RESTRICT w, const T* HWY_RESTRICT b, int64_t n,
@@ -142,16 +116,6 @@ void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, const T* HWY_RESTRICT w, 
              [&](int64_t i) { return xhat1(i) * ToCompute(w[i]); });
 }
 
-// A rank-1 tensor as a contiguous pointer, copied into buf if strided.
-template <typename T>
-const T* Contiguous(const TensorView& t, std::vector<T>& buf) {
-  const T* p = t.data_as<const T>();
-  if (t.stride(0) == 1) return p;
-  buf.resize(t.size(0));
-  for (int64_t i = 0; i < t.size(0); ++i) buf[i] = p[i * t.stride(0)];
-  return buf.data();
-}
-
 void Run(const KernelCall& call) {
   const TensorView& x = call.tensor("x");
   const TensorView* bias = call.optional_tensor("bias");
@@ -162,25 +126,14 @@ void Run(const KernelCall& call) {
     if (n == 0) return;
     const int64_t rows = x.numel() / n;
     std::vector<T> w_copy, b_copy;
-    const T* w = Contiguous(call.tensor("weight"), w_copy);
-    const T* b = bias ? Contiguous(*bias, b_copy) : nullptr;
-    const T* src = x.data_as<const T>();
+    const T* w = RowOf(call.tensor("weight"), 0, n, w_copy);
+    const T* b = bias ? RowOf(*bias, 0, n, b_copy) : nullptr;
     T* dst = call.output().data_as<T>();
-    const int64_t step = x.stride(-1);
-    const bool stream = rows * n * static_cast<int64_t>(sizeof(T)) >= kStreamBytes;
-    parallel_for(rows, std::max<int64_t>(1, kGrain / n), [&](int64_t begin, int64_t end) {
-      std::vector<T> gathered(step == 1 ? 0 : n);
-      for (int64_t r = begin; r < end; ++r) {
-        const T* row = src + cpu::offset_of(r, x.shape.data(), x.strides.data(), x.rank() - 1);
-        if (step != 1) {  // strided rows are gathered so the SIMD loops stay simple
-          for (int64_t i = 0; i < n; ++i) gathered[i] = row[i * step];
-          row = gathered.data();
-        }
-        Row(dst + r * n, row, w, b, n, eps, stream);
-      }
-#if HWY_ARCH_X86
-      if (stream) _mm_sfence();  // non-temporal stores are visible before the pool hands back
-#endif
+    const bool stream = StreamsOutput<T>(rows * n);
+    parallel_for(rows, RowsPerChunk(n), [&](int64_t begin, int64_t end) {
+      std::vector<T> gathered;
+      for (int64_t r = begin; r < end; ++r) Row(dst + r * n, RowOf(x, r, n, gathered), w, b, n, eps, stream);
+      StreamFence(stream);
     });
   });
 }

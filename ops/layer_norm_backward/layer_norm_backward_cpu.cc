@@ -18,46 +18,20 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
+#include "opforge/cpu/rows-inl.h"
 #include "opforge/cpu/simd-inl.h"
 #include "opforge/cpu/strided.h"
 #include "opforge/cpu/visit.h"
 #include "opforge/registry.h"
-
-#if HWY_ARCH_X86
-#include <immintrin.h>  // _mm_sfence
-#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace opforge::layer_norm_backward_cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using namespace opforge::cpu::HWY_NAMESPACE;
 
-constexpr int64_t kWork = 1 << 15;  // elements per chunk, roughly
-constexpr int64_t kMaxChunks = 64;
 constexpr int64_t kBlock = 16;  // vectors
-// grad_x outputs at least this big are written with non-temporal stores (see WriteRow).
-constexpr int64_t kStreamBytes = 8 << 20;
-
-// out[0, n) = f(i) (a vector: the lanes from i on), fs(i) for single elements. With stream, the
-// aligned float32/float64 body goes out as non-temporal stores: a big output would not stay
-// in cache anyway, and skipping the read-for-ownership saves a third of the memory traffic.
-template <typename T, class F, class FS>
-HWY_INLINE void WriteRow(T* HWY_RESTRICT out, int64_t n, bool stream, const F& f, const FS& fs) {
-  const hn::ScalableTag<Compute<T>> d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  int64_t i = 0;
-  if constexpr (std::is_same_v<T, Compute<T>>) {
-    if (stream) {
-      for (; i < n && reinterpret_cast<uintptr_t>(out + i) % (lanes * sizeof(T)) != 0; ++i) out[i] = fs(i);
-      for (; i + lanes <= n; i += lanes) hn::Stream(f(i), d, out + i);
-    }
-  }
-  for (; i + lanes <= n; i += lanes) StoreAs(d, f(i), out + i);
-  for (; i < n; ++i) out[i] = FromCompute<T>(fs(i));
-}
 
 // One row: g, x, w and gx are contiguous rows of n elements; pw and pb accumulate the
 // grad_weight and grad_bias partials.
@@ -142,36 +116,6 @@ void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT pw, Compute<T>* HWY_RESTRI
            });
 }
 
-// Row r of t (rank >= 1, last dim n) as a contiguous pointer, gathered into buf if strided.
-template <typename T>
-const T* RowOf(const TensorView& t, int64_t r, int64_t n, std::vector<T>& buf) {
-  const T* row = t.data_as<const T>() + cpu::offset_of(r, t.shape.data(), t.strides.data(), t.rank() - 1);
-  const int64_t step = t.stride(-1);
-  if (step == 1) return row;
-  buf.resize(n);
-  for (int64_t i = 0; i < n; ++i) buf[i] = row[i * step];
-  return buf.data();
-}
-
-// out[i] = sum over k of partial[k * n + i], in chunk order.
-template <typename T>
-void SumChunks(T* HWY_RESTRICT out, const Compute<T>* HWY_RESTRICT partial, int64_t chunks, int64_t n) {
-  using C = Compute<T>;
-  const hn::ScalableTag<C> d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    auto sum = hn::LoadU(d, partial + i);
-    for (int64_t k = 1; k < chunks; ++k) sum = hn::Add(sum, hn::LoadU(d, partial + k * n + i));
-    StoreAs(d, sum, out + i);
-  }
-  for (; i < n; ++i) {
-    C sum = partial[i];
-    for (int64_t k = 1; k < chunks; ++k) sum += partial[k * n + i];
-    out[i] = FromCompute<T>(sum);
-  }
-}
-
 template <typename T>
 void Backward(const KernelCall& call) {
   using C = Compute<T>;
@@ -188,21 +132,16 @@ void Backward(const KernelCall& call) {
   }
   std::vector<T> weight_copy;
   const T* w = RowOf(call.tensor("weight"), 0, n, weight_copy);
-  // Chunks: a function of the shape, never of the thread count. At most rows/8 of them, so
-  // the partials stay a small fraction of x.
-  const int64_t want = (rows * n + kWork - 1) / kWork;
-  const int64_t chunks = std::clamp<int64_t>(want, 1, std::min<int64_t>(kMaxChunks, std::max<int64_t>(1, rows / 8)));
+  const int64_t chunks = RowChunks(rows, n);
   std::vector<C> partial_w(chunks * n, C(0)), partial_b(chunks * n, C(0));
-  const bool stream = rows * n * static_cast<int64_t>(sizeof(T)) >= kStreamBytes;
+  const bool stream = StreamsOutput<T>(rows * n);
   parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> g_buf, x_buf;
     for (int64_t k = begin; k < end; ++k)
       for (int64_t r = rows * k / chunks; r < rows * (k + 1) / chunks; ++r)
         Row(gx + r * n, partial_w.data() + k * n, partial_b.data() + k * n, RowOf(grad, r, n, g_buf),
             RowOf(x, r, n, x_buf), w, n, eps, stream);
-#if HWY_ARCH_X86
-    if (stream) _mm_sfence();  // non-temporal stores are visible before the pool hands back
-#endif
+    StreamFence(stream);
   });
   SumChunks(call.output(1).data_as<T>(), partial_w.data(), chunks, n);
   SumChunks(call.output(2).data_as<T>(), partial_b.data(), chunks, n);

@@ -8,11 +8,8 @@ import torch
 
 import opforge
 import opforge.torch
-from harness import (FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, assert_result, cases, has_dtype, random, strided,
-                     to_float64, to_framework)
-
-# Relative precision the kernel computes in: float32 for the half types.
-COMPUTE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-24, "bfloat16": 2.0**-24}
+from harness import (FLOAT_DTYPES, STRIDED_KINDS, assert_close_scaled, assert_result, cases, has_dtype, random,
+                     strided, to_float64, to_framework)
 
 # Odd row lengths leave SIMD tails; many rows make the kernel split the sums over rows into chunks.
 SHAPES = [(1,), (7,), (1, 1), (3, 33), (2, 4097), (2, 3, 7), (33, 1), (4097, 33), (0, 5), (4, 0)]
@@ -43,16 +40,6 @@ def torch_grads(g, x, w, eps):
     return xt.grad.numpy(), wt.grad.numpy(), bt.grad.numpy()
 
 
-def assert_close(got, want, scale, dtype):
-    """Within dtype's tolerance, plus a few ulps (of the compute type) of the terms' magnitudes."""
-    rtol, atol = TOLERANCES[dtype]
-    allowed = atol + 16 * COMPUTE_EPS[dtype] * scale + rtol * np.abs(want)
-    g = to_float64(got)
-    assert g.shape == want.shape
-    bad = ~((np.abs(g - want) <= allowed) | (np.isnan(g) & np.isnan(want)))
-    assert not bad.any(), f"{bad.sum()} of {bad.size} off: got {g[bad][:5]}, want {want[bad][:5]}"
-
-
 def check(grad, x, w, framework, dtype, eps=None):
     g64, x64, w64 = to_float64(grad), to_float64(x), to_float64(w)
     with np.errstate(invalid="ignore"):
@@ -62,11 +49,11 @@ def check(grad, x, w, framework, dtype, eps=None):
     *want, sx, sw, sb = numpy_grads(g64, x64, w64, e)
     if x64.size and np.isfinite(x64).all():  # the two references agree
         for mine, theirs, scale in zip(want, torch_grads(g64, x64, w64, e), (sx, sw, sb)):
-            assert_close(mine, theirs, scale, "float64")
+            assert_close_scaled(mine, theirs, scale, "float64")
     for result, shape in zip(got, (x64.shape, w64.shape, w64.shape)):
         assert_result(result, framework, dtype, shape)
     for result, expected, scale in zip(got, want, (sx, sw, sb)):
-        assert_close(result, expected, scale, dtype)
+        assert_close_scaled(result, expected, scale, dtype)
 
 
 def arrays(rng, shape, framework, dtype):

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "opforge/cpu/rows-inl.h"
 #include "opforge/cpu/simd-inl.h"
 #include "opforge/cpu/strided.h"
 #include "opforge/cpu/visit.h"
@@ -57,27 +58,12 @@ void Run(const KernelCall& call) {
     using T = decltype(tag);
     const int64_t n = x.size(-1);
     const int64_t rows = x.numel() / n;
-    // Strided weight or rows are gathered into contiguous copies so the SIMD loop stays simple.
     std::vector<T> weight_copy;
-    const T* w = weight.data_as<const T>();
-    if (weight.stride(0) != 1) {
-      weight_copy.resize(n);
-      for (int64_t i = 0; i < n; ++i) weight_copy[i] = w[i * weight.stride(0)];
-      w = weight_copy.data();
-    }
-    const T* src = x.data_as<const T>();
+    const T* w = RowOf(weight, 0, n, weight_copy);
     T* dst = out.data_as<T>();
-    const int64_t row_stride = x.stride(-1);
-    parallel_for(rows, std::max<int64_t>(1, (1 << 14) / n), [&](int64_t begin, int64_t end) {
-      std::vector<T> row_copy(row_stride == 1 ? 0 : n);
-      for (int64_t r = begin; r < end; ++r) {
-        const T* row = src + cpu::offset_of(r, x.shape.data(), x.strides.data(), x.rank() - 1);
-        if (row_stride != 1) {
-          for (int64_t i = 0; i < n; ++i) row_copy[i] = row[i * row_stride];
-          row = row_copy.data();
-        }
-        Row(dst + r * n, row, w, n, eps);
-      }
+    parallel_for(rows, RowsPerChunk(n, 1 << 14), [&](int64_t begin, int64_t end) {
+      std::vector<T> row_copy;
+      for (int64_t r = begin; r < end; ++r) Row(dst + r * n, RowOf(x, r, n, row_copy), w, n, eps);
     });
   });
 }

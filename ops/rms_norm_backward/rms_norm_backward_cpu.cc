@@ -8,11 +8,11 @@
 #include <hwy/foreach_target.h>  // re-includes this file once per target
 #include <hwy/highway.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "opforge/cpu/rows-inl.h"
 #include "opforge/cpu/simd-inl.h"
 #include "opforge/cpu/strided.h"
 #include "opforge/cpu/visit.h"
@@ -22,9 +22,6 @@ HWY_BEFORE_NAMESPACE();
 namespace opforge::rms_norm_backward_cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using namespace opforge::cpu::HWY_NAMESPACE;
-
-constexpr int64_t kWork = 1 << 15;  // elements per chunk, roughly
-constexpr int64_t kMaxChunks = 64;
 
 // One row: g, x, w and gx are contiguous rows of n elements; gw accumulates grad_weight.
 template <typename T>
@@ -71,17 +68,6 @@ void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT gw, const T* HWY_RESTRICT 
   }
 }
 
-// Row r of t (rank >= 1, last dim n) as a contiguous pointer, gathered into buf if strided.
-template <typename T>
-const T* RowOf(const TensorView& t, int64_t r, int64_t n, std::vector<T>& buf) {
-  const T* row = t.data_as<const T>() + cpu::offset_of(r, t.shape.data(), t.strides.data(), t.rank() - 1);
-  const int64_t step = t.stride(-1);
-  if (step == 1) return row;
-  buf.resize(n);
-  for (int64_t i = 0; i < n; ++i) buf[i] = row[i * step];
-  return buf.data();
-}
-
 template <typename T>
 void Backward(const KernelCall& call) {
   using C = Compute<T>;
@@ -100,10 +86,7 @@ void Backward(const KernelCall& call) {
   }
   std::vector<T> weight_copy;
   const T* w = RowOf(weight, 0, n, weight_copy);
-  // Chunks: a function of the shape, never of the thread count. At most rows/8 of them, so
-  // the partials stay a small fraction of x.
-  const int64_t want = (rows * n + kWork - 1) / kWork;
-  const int64_t chunks = std::clamp<int64_t>(want, 1, std::min<int64_t>(kMaxChunks, std::max<int64_t>(1, rows / 8)));
+  const int64_t chunks = RowChunks(rows, n);
   std::vector<C> partial(chunks * n, C(0));
   parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> g_buf, x_buf;
@@ -111,21 +94,7 @@ void Backward(const KernelCall& call) {
       for (int64_t r = rows * k / chunks; r < rows * (k + 1) / chunks; ++r)
         Row(gx + r * n, partial.data() + k * n, RowOf(grad, r, n, g_buf), RowOf(x, r, n, x_buf), w, n, eps);
   });
-  // Chunk order, elementwise: partial[0..n) += partial[k*n..] for k = 1, 2, ...
-  const hn::ScalableTag<C> d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  T* gw = gw_out.data_as<T>();
-  int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    auto sum = hn::LoadU(d, partial.data() + i);
-    for (int64_t k = 1; k < chunks; ++k) sum = hn::Add(sum, hn::LoadU(d, partial.data() + k * n + i));
-    StoreAs(d, sum, gw + i);
-  }
-  for (; i < n; ++i) {
-    C sum = partial[i];
-    for (int64_t k = 1; k < chunks; ++k) sum += partial[k * n + i];
-    gw[i] = FromCompute<T>(sum);
-  }
+  SumChunks(gw_out.data_as<T>(), partial.data(), chunks, n);
 }
 
 void Run(const KernelCall& call) {

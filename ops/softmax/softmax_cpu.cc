@@ -3,25 +3,21 @@
 // float scratch row with its sum (x comes from cache now), and the scaled store. A longer
 // row would fall out of cache between passes, so it takes an online max-and-sum pass (a
 // block at a time) and one write pass instead: x is read twice, nothing else goes to memory.
-// Big outputs are written with non-temporal stores; float exps use a short polynomial.
+// Big outputs are written with non-temporal stores; float exps use a short polynomial
+// (ExpNonPositiveRound, exp-inl.h).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/softmax/softmax_cpu.cc"
 #include <hwy/foreach_target.h>  // re-includes this file once per target
 #include <hwy/highway.h>
 
-#include <hwy/contrib/math/math-inl.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
-#if HWY_ARCH_X86
-#include <immintrin.h>  // _mm_sfence
-#endif
-
+#include "opforge/cpu/exp-inl.h"
+#include "opforge/cpu/rows-inl.h"
 #include "opforge/cpu/simd-inl.h"
 #include "opforge/cpu/strided.h"
 #include "opforge/cpu/visit.h"
@@ -34,62 +30,12 @@ using namespace opforge::cpu::HWY_NAMESPACE;
 
 // Rows whose float scratch is at most this big take the cached three-pass path.
 constexpr int64_t kCachedRowBytes = 256 << 10;
-// Outputs at least this big are written with non-temporal stores (see WriteRow).
-constexpr int64_t kStreamBytes = 8 << 20;
 constexpr int64_t kBlock = 16;  // vectors summed apart before joining a row's total
-// Elements per parallel chunk, at least (torch's grain): less work costs less than a thread handoff.
-constexpr int64_t kGrain = 1 << 15;
 
 // All-ones lanes where v is NaN or +inf: either makes the whole row NaN, as in torch.
 template <class D>
 HWY_INLINE hn::Vec<D> Bad(D d, hn::Vec<D> v) {
   return hn::VecFromMask(d, hn::Not(hn::Lt(v, hn::Inf(d))));
-}
-
-// exp(t) for t <= 0. Floats, where softmax spends most of its compute: Cody-Waite reduction
-// and Cephes' degree-6 polynomial (~1 ulp), scaled by adding k to the exponent bits; about
-// two thirds of the work of Highway's general Exp. Results below 4e-38 flush to 0 (they join
-// a sum >= 1). Doubles: Highway's Exp. The clamps keep -inf (and NaN, in rows about to be
-// discarded: Max returns the non-NaN operand on every target) in each method's range.
-template <class D>
-HWY_INLINE hn::Vec<D> ExpNonPositive(D d, hn::Vec<D> t) {
-  using C = hn::TFromD<D>;
-  if constexpr (std::is_same_v<C, float>) {
-    const hn::RebindToSigned<D> di;
-    const auto cut = hn::Set(d, -86.0f);  // exp(-86) = 4.5e-38: k stays >= -125
-    const auto tc = hn::Max(t, cut);
-    const auto k = hn::Round(hn::Mul(tc, hn::Set(d, 1.44269504088896341f)));
-    auto r = hn::MulAdd(k, hn::Set(d, -0.693359375f), tc);  // ln 2 in two parts
-    r = hn::MulAdd(k, hn::Set(d, 2.12194440e-4f), r);
-    auto p = hn::MulAdd(hn::Set(d, 1.9875691500e-4f), r, hn::Set(d, 1.3981999507e-3f));
-    p = hn::MulAdd(p, r, hn::Set(d, 8.3334519073e-3f));
-    p = hn::MulAdd(p, r, hn::Set(d, 4.1665795894e-2f));
-    p = hn::MulAdd(p, r, hn::Set(d, 1.6666665459e-1f));
-    p = hn::MulAdd(p, r, hn::Set(d, 5.0000001201e-1f));
-    p = hn::MulAdd(p, hn::Mul(r, r), hn::Add(r, hn::Set(d, 1.0f)));
-    const auto scaled = hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::ConvertTo(di, k)));
-    return hn::IfThenZeroElse(hn::Lt(t, cut), hn::BitCast(d, scaled));
-  } else {
-    return hn::Exp(d, hn::Max(t, hn::Set(d, std::numeric_limits<C>::lowest())));
-  }
-}
-
-// out[0, n) = f(i) (a vector: the lanes from i on), fs(i) for single elements. With stream, the
-// aligned float32/float64 body goes out as non-temporal stores: a big output would not stay
-// in cache anyway, and skipping the read-for-ownership saves a third of the memory traffic.
-template <typename T, class F, class FS>
-HWY_INLINE void WriteRow(T* HWY_RESTRICT out, int64_t n, bool stream, const F& f, const FS& fs) {
-  const hn::ScalableTag<Compute<T>> d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  int64_t i = 0;
-  if constexpr (std::is_same_v<T, Compute<T>>) {
-    if (stream) {
-      for (; i < n && reinterpret_cast<uintptr_t>(out + i) % (lanes * sizeof(T)) != 0; ++i) out[i] = fs(i);
-      for (; i + lanes <= n; i += lanes) hn::Stream(f(i), d, out + i);
-    }
-  }
-  for (; i + lanes <= n; i += lanes) StoreAs(d, f(i), out + i);
-  for (; i < n; ++i) out[i] = FromCompute<T>(fs(i));
 }
 
 template <typename T>
@@ -103,7 +49,7 @@ void WriteFromX(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, int64_t n, Compute
                 bool stream) {
   const hn::ScalableTag<Compute<T>> d;
   const auto vmax = hn::Set(d, max), vinv = hn::Set(d, inv);
-  WriteRow(out, n, stream, [&](int64_t i) { return hn::Mul(ExpNonPositive(d, hn::Sub(LoadAs(d, x + i), vmax)), vinv); },
+  WriteRow(out, n, stream, [&](int64_t i) { return hn::Mul(ExpNonPositiveRound(d, hn::Sub(LoadAs(d, x + i), vmax)), vinv); },
            [&](int64_t i) { return std::exp(ToCompute(x[i]) - max) * inv; });
 }
 
@@ -144,15 +90,15 @@ void CachedRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, int64_t n, Compute<
     const int64_t stop = std::min(n, i + kBlock * lanes);
     auto s0 = hn::Zero(d), s1 = hn::Zero(d);
     for (; i + 2 * lanes <= stop; i += 2 * lanes) {
-      const auto e0 = ExpNonPositive(d, hn::Sub(LoadAs(d, x + i), vmax));
-      const auto e1 = ExpNonPositive(d, hn::Sub(LoadAs(d, x + i + lanes), vmax));
+      const auto e0 = ExpNonPositiveRound(d, hn::Sub(LoadAs(d, x + i), vmax));
+      const auto e1 = ExpNonPositiveRound(d, hn::Sub(LoadAs(d, x + i + lanes), vmax));
       hn::StoreU(e0, d, scratch + i);
       hn::StoreU(e1, d, scratch + i + lanes);
       s0 = hn::Add(s0, e0);
       s1 = hn::Add(s1, e1);
     }
     for (; i + lanes <= stop; i += lanes) {
-      const auto e = ExpNonPositive(d, hn::Sub(LoadAs(d, x + i), vmax));
+      const auto e = ExpNonPositiveRound(d, hn::Sub(LoadAs(d, x + i), vmax));
       hn::StoreU(e, d, scratch + i);
       s0 = hn::Add(s0, e);
     }
@@ -188,9 +134,9 @@ void OnlineRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, int64_t n, bool str
       bm = hn::Max(bm, v);
     }
     auto bs = hn::Zero(d);
-    for (j = i; j + lanes <= stop; j += lanes) bs = hn::Add(bs, ExpNonPositive(d, hn::Sub(LoadAs(d, x + j), bm)));
+    for (j = i; j + lanes <= stop; j += lanes) bs = hn::Add(bs, ExpNonPositiveRound(d, hn::Sub(LoadAs(d, x + j), bm)));
     const auto grown = hn::Max(m, bm);
-    s = hn::MulAdd(s, ExpNonPositive(d, hn::Sub(m, grown)), hn::Mul(bs, ExpNonPositive(d, hn::Sub(bm, grown))));
+    s = hn::MulAdd(s, ExpNonPositiveRound(d, hn::Sub(m, grown)), hn::Mul(bs, ExpNonPositiveRound(d, hn::Sub(bm, grown))));
     m = grown;
     i = j;
   }
@@ -220,25 +166,17 @@ void Run(const KernelCall& call) {
     if (n == 0) return;
     const int64_t rows = x.numel() / n;
     const bool cached = n * static_cast<int64_t>(sizeof(C)) <= kCachedRowBytes;
-    const bool stream = rows * n * static_cast<int64_t>(sizeof(T)) >= kStreamBytes;
-    const T* src = x.data_as<const T>();
+    const bool stream = StreamsOutput<T>(rows * n);
     T* dst = call.output().data_as<T>();
-    const int64_t step = x.stride(-1);
-    parallel_for(rows, std::max<int64_t>(1, kGrain / n), [&](int64_t begin, int64_t end) {
-      std::vector<T> gathered(step == 1 ? 0 : n);
+    parallel_for(rows, RowsPerChunk(n), [&](int64_t begin, int64_t end) {
+      std::vector<T> gathered;
       std::vector<C> scratch(cached ? n : 0);
       for (int64_t r = begin; r < end; ++r) {
-        const T* row = src + cpu::offset_of(r, x.shape.data(), x.strides.data(), x.rank() - 1);
-        if (step != 1) {  // strided rows are gathered so the SIMD loops stay simple
-          for (int64_t i = 0; i < n; ++i) gathered[i] = row[i * step];
-          row = gathered.data();
-        }
+        const T* row = RowOf(x, r, n, gathered);
         if (cached) CachedRow(dst + r * n, row, n, scratch.data(), stream);
         else OnlineRow(dst + r * n, row, n, stream);
       }
-#if HWY_ARCH_X86
-      if (stream) _mm_sfence();  // non-temporal stores are visible before the pool hands back
-#endif
+      StreamFence(stream);
     });
   });
 }

@@ -6,45 +6,18 @@
 #include <hwy/highway.h>
 
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
+#include "opforge/cpu/rows-inl.h"
 #include "opforge/cpu/simd-inl.h"
 #include "opforge/cpu/strided.h"
 #include "opforge/cpu/visit.h"
 #include "opforge/registry.h"
 
-#if HWY_ARCH_X86
-#include <immintrin.h>  // _mm_sfence
-#endif
-
 HWY_BEFORE_NAMESPACE();
 namespace opforge::softmax_backward_cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using namespace opforge::cpu::HWY_NAMESPACE;
-
-// Outputs at least this big are written with non-temporal stores (see WriteRow).
-constexpr int64_t kStreamBytes = 8 << 20;
-// Elements per parallel chunk, at least (torch's grain): less work costs less than a thread handoff.
-constexpr int64_t kGrain = 1 << 15;
-
-// out[0, n) = f(i) (a vector: the lanes from i on), fs(i) for single elements. With stream, the
-// aligned float32/float64 body goes out as non-temporal stores: a big output would not stay
-// in cache anyway, and skipping the read-for-ownership saves a third of the memory traffic.
-template <typename T, class F, class FS>
-HWY_INLINE void WriteRow(T* HWY_RESTRICT out, int64_t n, bool stream, const F& f, const FS& fs) {
-  const hn::ScalableTag<Compute<T>> d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  int64_t i = 0;
-  if constexpr (std::is_same_v<T, Compute<T>>) {
-    if (stream) {
-      for (; i < n && reinterpret_cast<uintptr_t>(out + i) % (lanes * sizeof(T)) != 0; ++i) out[i] = fs(i);
-      for (; i + lanes <= n; i += lanes) hn::Stream(f(i), d, out + i);
-    }
-  }
-  for (; i + lanes <= n; i += lanes) StoreAs(d, f(i), out + i);
-  for (; i < n; ++i) out[i] = FromCompute<T>(fs(i));
-}
 
 // g, y and out are contiguous rows of n elements.
 template <typename T>
@@ -68,20 +41,6 @@ void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT g, const T* HWY_RESTRICT y, 
            [&](int64_t k) { return ToCompute(y[k]) * (ToCompute(g[k]) - dot); });
 }
 
-// Row r (of the output's leading dims) of t, whose strides are broadcast to the output's
-// shape; gathered into buf when its elements are not adjacent.
-template <typename T>
-const T* RowOf(const T* base, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides, int64_t r,
-               int64_t n, std::vector<T>& buf) {
-  const int64_t rank = static_cast<int64_t>(shape.size());
-  const T* row = base + cpu::offset_of(r, shape.data(), strides.data(), rank - 1);
-  const int64_t step = strides.back();
-  if (step == 1) return row;
-  buf.resize(n);
-  for (int64_t i = 0; i < n; ++i) buf[i] = row[i * step];
-  return buf.data();
-}
-
 void Run(const KernelCall& call) {
   const TensorView& grad = call.tensor("grad");
   const TensorView& result = call.tensor("result");
@@ -93,15 +52,13 @@ void Run(const KernelCall& call) {
     const int64_t rows = out.numel() / n;
     const auto g_strides = broadcast_strides(grad, out.shape), y_strides = broadcast_strides(result, out.shape);
     T* dst = out.data_as<T>();
-    const bool stream = rows * n * static_cast<int64_t>(sizeof(T)) >= kStreamBytes;
-    parallel_for(rows, std::max<int64_t>(1, kGrain / n), [&](int64_t begin, int64_t end) {
+    const bool stream = StreamsOutput<T>(rows * n);
+    parallel_for(rows, RowsPerChunk(n), [&](int64_t begin, int64_t end) {
       std::vector<T> g_buf, y_buf;
       for (int64_t r = begin; r < end; ++r)
         Row(dst + r * n, RowOf(grad.data_as<const T>(), out.shape, g_strides, r, n, g_buf),
             RowOf(result.data_as<const T>(), out.shape, y_strides, r, n, y_buf), n, stream);
-#if HWY_ARCH_X86
-      if (stream) _mm_sfence();  // non-temporal stores are visible before the pool hands back
-#endif
+      StreamFence(stream);
     });
   });
 }

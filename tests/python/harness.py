@@ -22,6 +22,8 @@ TOLERANCES = {
     "float16": (1e-3, 1e-4),
     "bfloat16": (1e-2, 1e-3),
 }
+# Relative precision the kernels compute in: float32 for the half types.
+COMPUTE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-24, "bfloat16": 2.0**-24}
 
 
 def has_dtype(framework, dtype):
@@ -101,6 +103,18 @@ def assert_close(got, want, dtype):
     else:
         rtol, atol = TOLERANCES[dtype]
         np.testing.assert_allclose(g, want, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def assert_close_scaled(got, want, scale, dtype):
+    """Like assert_close, plus 16 ulps (of the compute type) of `scale`, the magnitude of the
+    terms a result was summed from: for results that are sums that cancel (gradients of
+    normalizations), whose error follows the terms, not the result. NaN must meet NaN."""
+    rtol, atol = TOLERANCES[dtype]
+    allowed = atol + 16 * COMPUTE_EPS[dtype] * scale + rtol * np.abs(want)
+    g = to_float64(got)
+    assert g.shape == want.shape
+    bad = ~((np.abs(g - want) <= allowed) | (np.isnan(g) & np.isnan(want)))
+    assert not bad.any(), f"{bad.sum()} of {bad.size} off: got {g[bad][:5]}, want {want[bad][:5]}"
 
 
 STRIDED_KINDS = {

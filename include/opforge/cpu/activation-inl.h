@@ -6,9 +6,9 @@
 // through a lane buffer, so every element gets the same arithmetic wherever it sits in the
 // call (no scalar twin that rounds differently).
 //
-// Large |x|: exponentials only see arguments <= 0 (no overflow), and products of x with a factor
-// that vanishes clamp x first, so +-inf give the limits (gelu(-inf) = 0, silu'(inf) = 1, ...)
-// where the naive formulas give NaN; NaN stays NaN.
+// Large |x|: exponentials (ExpNonPositiveMagic, from exp-inl.h) only see arguments <= 0 (no
+// overflow), and products of x with a factor that vanishes clamp x first, so +-inf give the
+// limits (gelu(-inf) = 0, silu'(inf) = 1, ...) where the naive formulas give NaN; NaN stays NaN.
 #if defined(OPFORGE_CPU_ACTIVATION_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef OPFORGE_CPU_ACTIVATION_INL_H_
 #undef OPFORGE_CPU_ACTIVATION_INL_H_
@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "opforge/cpu/exp-inl.h"
 #include "opforge/cpu/simd-inl.h"
 #include "opforge/cpu/strided.h"
 #include "opforge/cpu/visit.h"
@@ -30,11 +31,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace opforge::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-template <class D>
-HWY_INLINE hn::Vec<D> Splat(D d, double v) {
-  return hn::Set(d, static_cast<hn::TFromD<D>>(v));
-}
 
 // x, with values below -limit (-inf included) raised to -limit; NaN passes through, which
 // Max would not guarantee on every target.
@@ -49,38 +45,6 @@ template <class D, class V>
 HWY_INLINE V ClampAbs(D d, V x, double limit) {
   const V lim = Splat(d, limit);
   return hn::IfThenElse(hn::Gt(hn::Abs(x), lim), hn::CopySign(lim, x), x);
-}
-
-// exp(x) for x <= 88: the callers' arguments are -|x|-like, at most a rounding error above 0
-// (NaN in: unspecified out; every caller multiplies the result by x or by a NaN).
-// float: Cephes' expf polynomial after a Cody-Waite reduction, ~1 ulp, with 2^n built straight
-// from the rounding constant's low bits; results below 2^-126 flush to 0. About 20 operations,
-// a third faster than Highway's Exp, which dominated silu's cost. double: Highway's Exp (1 ulp).
-template <class D, class V>
-HWY_INLINE V ExpNonPositive(D d, V x) {
-  if constexpr (sizeof(hn::TFromD<D>) == 4) {
-    const hn::RebindToSigned<D> di;
-    const V low = Splat(d, -87.33654475);  // ln(2^-126)
-    const V xc = hn::Max(x, low);
-    const V magic = Splat(d, 12582912.0);  // 1.5 * 2^23: adding it rounds to an integer
-    const V shifted = hn::MulAdd(xc, Splat(d, 1.44269504088896341), magic);
-    const V n = hn::Sub(shifted, magic);
-    V r = hn::MulAdd(n, Splat(d, -0.693359375), xc);
-    r = hn::MulAdd(n, Splat(d, 2.12194440e-4), r);
-    V p = Splat(d, 1.9875691500e-4);
-    p = hn::MulAdd(p, r, Splat(d, 1.3981999507e-3));
-    p = hn::MulAdd(p, r, Splat(d, 8.3334519073e-3));
-    p = hn::MulAdd(p, r, Splat(d, 4.1665795894e-2));
-    p = hn::MulAdd(p, r, Splat(d, 1.6666665459e-1));
-    p = hn::MulAdd(p, r, Splat(d, 5.0000001201e-1));
-    p = hn::Add(hn::MulAdd(p, hn::Mul(r, r), r), Splat(d, 1.0));
-    // n + 127 sits in the low bits of `shifted` (n >= -126), so 2^n is one add and one shift.
-    const auto bits = hn::Sub(hn::BitCast(di, shifted), hn::BitCast(di, hn::Sub(magic, Splat(d, 127.0))));
-    const V scaled = hn::Mul(p, hn::BitCast(d, hn::ShiftLeft<23>(bits)));
-    return hn::IfThenZeroElse(hn::Lt(x, low), scaled);
-  } else {
-    return hn::Exp(d, x);
-  }
 }
 
 // 1 / a for a in [1, 2^100]. float: the hardware estimate and one Newton step (within about an
@@ -101,7 +65,7 @@ HWY_INLINE V Reciprocal(D d, V a) {
 template <class D, class V>
 HWY_INLINE void SigmoidPair(D d, V x, V& s, V& s_neg) {
   const V one = Splat(d, 1.0);
-  const V e = ExpNonPositive(d, hn::Neg(hn::Abs(x)));
+  const V e = ExpNonPositiveMagic(d, hn::Neg(hn::Abs(x)));
   const V r = Reciprocal(d, hn::Add(one, e));
   const V q = hn::Mul(e, r);
   const auto pos = hn::Ge(x, hn::Zero(d));
@@ -135,7 +99,7 @@ HWY_INLINE V NormalCdf(D d, V x) {
     const V p = hn::MulAdd(h4, hn::MulAdd(h4, pair(-0.82215223 * 256, 0.17087277 * 512), mid), low);
     // -z^2 as -(x / 2) * x: one rounding (in the FMA) instead of two, since for |x| past a few
     // units the exponent's rounding is the largest error left.
-    const V half_erfc = hn::Mul(h, ExpNonPositive(d, hn::NegMulAdd(hn::Mul(x, Splat(d, 0.5)), x, p)));
+    const V half_erfc = hn::Mul(h, ExpNonPositiveMagic(d, hn::NegMulAdd(hn::Mul(x, Splat(d, 0.5)), x, p)));
     return hn::IfThenElse(hn::Lt(x, hn::Zero(d)), half_erfc, hn::Sub(Splat(d, 1.0), half_erfc));
   }
 }
@@ -191,7 +155,7 @@ struct GeluErfGrad {
   template <class D, class V>
   HWY_INLINE V operator()(D d, V g, V x) const {
     const V xc = ClampAbs(d, x, kGeluLimit);
-    const V density = hn::Mul(ExpNonPositive(d, hn::Mul(hn::Mul(xc, xc), Splat(d, -0.5))),
+    const V density = hn::Mul(ExpNonPositiveMagic(d, hn::Mul(hn::Mul(xc, xc), Splat(d, -0.5))),
                               Splat(d, 0.39894228040143267794));  // 1 / sqrt(2 pi)
     return hn::Mul(g, hn::MulAdd(xc, density, NormalCdf(d, xc)));
   }

@@ -1,0 +1,132 @@
+// Per-target helpers shared by the row-wise CPU kernels (softmax, layer_norm, rms_norm and their
+// backward ops): each works on the last dimension, a row at a time, rows in parallel. Kept in
+// one place so the kernels agree on when to stream, how much work a thread handoff is worth and
+// how rows are split for bitwise-reproducible sums over rows. Re-included once per Highway
+// target, like the kernels using it.
+#if defined(OPFORGE_CPU_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef OPFORGE_CPU_ROWS_INL_H_
+#undef OPFORGE_CPU_ROWS_INL_H_
+#else
+#define OPFORGE_CPU_ROWS_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#if HWY_ARCH_X86
+#include <immintrin.h>  // _mm_sfence
+#endif
+
+#include "opforge/cpu/simd-inl.h"
+#include "opforge/cpu/strided.h"
+#include "opforge/tensor.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace opforge::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Elements per parallel chunk of rows, at least (torch's grain): less work costs less than a
+// thread handoff.
+inline constexpr int64_t kRowGrain = 1 << 15;
+
+// Rows per parallel chunk for rows of n >= 1 elements.
+HWY_INLINE int64_t RowsPerChunk(int64_t n, int64_t grain = kRowGrain) { return std::max<int64_t>(1, grain / n); }
+
+// Outputs of at least this many bytes are written with non-temporal stores (see WriteRow).
+inline constexpr int64_t kStreamBytes = 8 << 20;
+
+template <typename T>
+HWY_INLINE bool StreamsOutput(int64_t numel) {
+  return numel * static_cast<int64_t>(sizeof(T)) >= kStreamBytes;
+}
+
+// out[0, n) = f(i) (a vector: the lanes from i on), fs(i) for single elements. With stream, the
+// aligned float32/float64 body goes out as non-temporal stores: a big output would not stay
+// in cache anyway, and skipping the read-for-ownership saves a third of the memory traffic.
+// A thread that streamed calls StreamFence before handing its chunk back.
+template <typename T, class F, class FS>
+HWY_INLINE void WriteRow(T* HWY_RESTRICT out, int64_t n, bool stream, const F& f, const FS& fs) {
+  const hn::ScalableTag<Compute<T>> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  if constexpr (std::is_same_v<T, Compute<T>>) {
+    if (stream) {
+      for (; i < n && reinterpret_cast<uintptr_t>(out + i) % (lanes * sizeof(T)) != 0; ++i) out[i] = fs(i);
+      for (; i + lanes <= n; i += lanes) hn::Stream(f(i), d, out + i);
+    }
+  }
+  for (; i + lanes <= n; i += lanes) StoreAs(d, f(i), out + i);
+  for (; i < n; ++i) out[i] = FromCompute<T>(fs(i));
+}
+
+// Non-temporal stores are weakly ordered: fence them so they are visible before the pool hands
+// the chunk back.
+HWY_INLINE void StreamFence(bool stream) {
+#if HWY_ARCH_X86
+  if (stream) _mm_sfence();
+#else
+  (void)stream;
+#endif
+}
+
+// Row r (of the leading dims of shape; last dim n) of a tensor at base with the given strides,
+// as a contiguous pointer: gathered into buf when its elements are not adjacent, so the SIMD
+// loops stay simple.
+template <typename T>
+const T* RowOf(const T* base, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides, int64_t r,
+               int64_t n, std::vector<T>& buf) {
+  const T* row = base + offset_of(r, shape.data(), strides.data(), static_cast<int64_t>(shape.size()) - 1);
+  const int64_t step = strides.back();
+  if (step == 1) return row;
+  buf.resize(n);
+  for (int64_t i = 0; i < n; ++i) buf[i] = row[i * step];
+  return buf.data();
+}
+
+// Row r of t (rank >= 1, last dim n); RowOf(weight, 0, n, buf) makes a rank-1 weight contiguous.
+template <typename T>
+const T* RowOf(const TensorView& t, int64_t r, int64_t n, std::vector<T>& buf) {
+  return RowOf(t.data_as<const T>(), t.shape, t.strides, r, n, buf);
+}
+
+// Kernels that also sum over rows (grad_weight, grad_bias) cut the rows into chunks whose
+// number depends on the shape only, never on the thread count; each chunk sums into its own
+// partial, and SumChunks adds the partials in chunk order, so the result is bitwise the same
+// whatever the thread count. Chunk k holds rows [rows * k / chunks, rows * (k + 1) / chunks).
+inline constexpr int64_t kChunkWork = 1 << 15;  // elements per chunk, roughly
+inline constexpr int64_t kMaxChunks = 64;
+
+// The chunk count for rows >= 1 rows of n elements: at most rows / 8, so the partials stay a
+// small fraction of the input.
+HWY_INLINE int64_t RowChunks(int64_t rows, int64_t n) {
+  const int64_t want = (rows * n + kChunkWork - 1) / kChunkWork;
+  return std::clamp<int64_t>(want, 1, std::min<int64_t>(kMaxChunks, std::max<int64_t>(1, rows / 8)));
+}
+
+// out[i] = sum over k of partial[k * n + i], in chunk order.
+template <typename T>
+void SumChunks(T* HWY_RESTRICT out, const Compute<T>* HWY_RESTRICT partial, int64_t chunks, int64_t n) {
+  using C = Compute<T>;
+  const hn::ScalableTag<C> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    auto sum = hn::LoadU(d, partial + i);
+    for (int64_t k = 1; k < chunks; ++k) sum = hn::Add(sum, hn::LoadU(d, partial + k * n + i));
+    StoreAs(d, sum, out + i);
+  }
+  for (; i < n; ++i) {
+    C sum = partial[i];
+    for (int64_t k = 1; k < chunks; ++k) sum += partial[k * n + i];
+    out[i] = FromCompute<T>(sum);
+  }
+}
+
+}  // namespace opforge::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // OPFORGE_CPU_ROWS_INL_H_
