@@ -13,6 +13,11 @@ import torch
 
 import opforge
 
+# Tests that force the cuda backend onto CPU arrays need it compiled (a build without nvcc has
+# only the cpu backend; there, forcing "cuda" is an unknown-backend error, tested elsewhere).
+WITH_CUDA_BACKEND = pytest.mark.skipif(not any(b["name"] == "cuda" for b in opforge._core.backends()),
+                                       reason="opforge was built without CUDA")
+
 X = np.ones((2, 3), np.float32)
 W = np.ones(3, np.float32)
 
@@ -99,6 +104,7 @@ def test_requires_grad_is_fine_without_grad_mode():
     assert torch.equal(out, torch.full((3,), 2.0))
 
 
+@WITH_CUDA_BACKEND
 @pytest.mark.parametrize("op", [None, "add_one"])
 def test_forced_backend_cannot_run_cpu_arrays(restore_backend, op):
     opforge.set_backend("cuda", op)
@@ -135,6 +141,7 @@ x = np.ones(3, np.float32)
 """
 
 
+@WITH_CUDA_BACKEND
 def test_env_backend():
     out = run_python(TRY + "attempt(lambda: opforge.add_one(x))", OPFORGE_BACKEND="cuda")
     assert out.strip() == ("RuntimeError: add_one(): backend 'cuda' (forced by OPFORGE_BACKEND) "
@@ -146,6 +153,7 @@ def test_env_backend_unknown():
     assert out.startswith("ValueError: OPFORGE_BACKEND names unknown backend 'nope'")
 
 
+@WITH_CUDA_BACKEND
 def test_config_file_per_op(tmp_path):
     path = tmp_path / "opforge.json"
     path.write_text(json.dumps({"ops": {"add": "cuda"}}))
