@@ -32,6 +32,8 @@ def implementations(name, ref, attrs, compile_torch):
 
     # opforge as a torch user calls it: opforge.torch.<op> (the direct call on CPU tensors).
     impls = {"opforge": (lambda *a: getattr(opforge.torch, name)(*a, **attrs), "torch")}
+    if not getattr(ref, "FRAMEWORK_NATIVE", True):  # the "framework" entries are NumPy in disguise
+        return impls
     if hasattr(ref, "torch"):
         impls["torch eager"] = (lambda *a: ref.torch(*a, **attrs), "torch")
         if compile_torch:
@@ -68,10 +70,12 @@ def run(ops, sizes, repeats, compile_torch, threads):
         for size in sizes:
             r, c = SIZES[size]
             arrays, attrs = ref.sample(rng, rows=r, cols=c)
-            t_args = [torch.from_numpy(a.astype(np.float32)) for a in arrays]
-            j_args = [jax.device_put(a.astype(np.float32)) for a in arrays]
+            # Float data in float32; integer inputs (indices, ggml blocks) keep their type.
+            arrays = [a.astype(np.float32) if a.dtype == np.float64 else a for a in arrays]
+            t_args = [torch.from_numpy(a) for a in arrays]
+            j_args = [jax.device_put(a) for a in arrays]
             out = getattr(opforge, name)(*t_args, **attrs)
-            nbytes = sum(a.numel() * 4 for a in t_args) + out.numel() * out.element_size()
+            nbytes = sum(a.numel() * a.element_size() for a in t_args) + out.numel() * out.element_size()
             times = {}
             for impl, (fn, kind) in implementations(name, ref, attrs, compile_torch).items():
                 args = t_args if kind == "torch" else j_args

@@ -16,7 +16,10 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
-def median_seconds(fn, repeats: int = 20, warmup: int = 2, sync=lambda r: r) -> float:
+def median_seconds(fn, repeats: int = 20, warmup: int = 2, sync=lambda r: r, settle: float = 0.2) -> float:
+    # Thread pools spin for a while after their last job (OpenMP's, XLA's, OpenBLAS's, ours):
+    # a pause first, so each implementation starts on cores the previous one has let go of.
+    time.sleep(settle)
     for _ in range(warmup):
         sync(fn())
     times = []

@@ -1,6 +1,10 @@
 """dequantize's reference: a NumPy transcription of ggml's dequantize_row_q8_0 / _q4_0 (no
 framework has ggml's formats: the torch and jax entries run it on the arrays' bytes)."""
 
+# The torch and jax entries run the NumPy transcription: correct references, not competitors
+# (bench/bench_ops.py times only opforge for such ops).
+FRAMEWORK_NATIVE = False
+
 BYTES = {"q8_0": 34, "q4_0": 18}
 
 

@@ -5,6 +5,10 @@ dtype. The torch and jax entries run the same model on the arrays' values."""
 
 from . import quantize_q8_0
 
+# The torch and jax entries run the NumPy transcription: correct references, not competitors
+# (bench/bench_ops.py times only opforge for such ops).
+FRAMEWORK_NATIVE = False
+
 BYTES = {"q8_0": 34, "q4_0": 18}
 
 

@@ -2,6 +2,10 @@
 float32 roundings (no framework has ggml's formats: the torch and jax entries run the same
 transcription on the arrays' values). Used by the op's tests, the adapters' tests and the tour."""
 
+# The torch and jax entries run the NumPy transcription: correct references, not competitors
+# (bench/bench_ops.py times only opforge for such ops).
+FRAMEWORK_NATIVE = False
+
 BLOCK = 32
 
 
