@@ -89,8 +89,8 @@ def throughput(repeats: int) -> list[dict]:
         if importlib.util.find_spec(f"opforge.references.{name}") is None:
             continue
         ref = importlib.import_module(f"opforge.references.{name}")
-        if not hasattr(ref, "torch"):
-            continue
+        if not hasattr(ref, "torch") or not getattr(ref, "FRAMEWORK_NATIVE", True):
+            continue  # no torch implementation to race (the ggml ops' references are NumPy)
         arrays, attrs = ref.sample(rng, rows=4096, cols=4096)
         args = [torch.from_numpy(a.astype(np.float32) if a.dtype == np.float64 else a) for a in arrays]
         op = getattr(torch.ops.opforge, name)
