@@ -6,8 +6,6 @@
 #include <hwy/highway.h>
 
 #include "opforge/cpu/simd-inl.h"
-#include "opforge/cpu/strided.h"
-#include "opforge/cpu/visit.h"
 #include "opforge/registry.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -31,21 +29,7 @@ struct Times {
 };
 
 void Run(const KernelCall& call) {
-  const TensorView& x = call.tensor("x");
-  const TensorView& y = call.tensor("y");
-  const TensorView& out = call.output();
-  cpu::visit_numeric(x.dtype, "mul", [&](auto tag) {
-    using T = decltype(tag);
-    const T* a = x.data_as<const T>();
-    const T* b = y.data_as<const T>();
-    T* dst = out.data_as<T>();
-    cpu::for_each_row<3>(
-        out.shape,
-        {contiguous_strides(out.shape), broadcast_strides(x, out.shape), broadcast_strides(y, out.shape)},
-        1 << 15, [&](const cpu::Row<3>& r) {
-          BinaryRow(dst + r.offsets[0], a + r.offsets[1], r.inner[1], b + r.offsets[2], r.inner[2], r.len, Times{});
-        });
-  });
+  BroadcastBinary("mul", call.tensor("x"), call.tensor("y"), call.output(), Times{});
 }
 
 }  // namespace opforge::mul_cpu::HWY_NAMESPACE

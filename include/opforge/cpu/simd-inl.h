@@ -12,6 +12,8 @@
 
 #include <type_traits>
 
+#include "opforge/cpu/strided.h"
+#include "opforge/cpu/visit.h"
 #include "opforge/half.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -115,6 +117,26 @@ HWY_INLINE void BinaryRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, int64_t 
     for (; i + lanes <= n; i += lanes) StoreAs(d, op(d, va, LoadAs(d, b + i)), out + i);
   }
   for (; i < n; ++i) out[i] = FromCompute<T>(op(ToCompute(a[i * sa]), ToCompute(b[i * sb])));
+}
+
+// out = op(x, y) for the numeric dtypes, x and y broadcast to out's shape (stride 0 along
+// broadcast dimensions, so a broadcast row or scalar stays a SIMD loop), rows split across
+// threads. The whole kernel of add and mul; `name` is the op's, for dtype errors.
+template <class Op>
+void BroadcastBinary(const char* name, const TensorView& x, const TensorView& y, const TensorView& out,
+                     const Op& op) {
+  visit_numeric(x.dtype, name, [&](auto tag) {
+    using T = decltype(tag);
+    const T* a = x.data_as<const T>();
+    const T* b = y.data_as<const T>();
+    T* dst = out.data_as<T>();
+    for_each_row<3>(out.shape,
+                    {contiguous_strides(out.shape), broadcast_strides(x, out.shape), broadcast_strides(y, out.shape)},
+                    1 << 15, [&](const Row<3>& r) {
+                      BinaryRow(dst + r.offsets[0], a + r.offsets[1], r.inner[1], b + r.offsets[2], r.inner[2], r.len,
+                                op);
+                    });
+  });
 }
 
 }  // namespace opforge::cpu::HWY_NAMESPACE
