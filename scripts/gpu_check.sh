@@ -23,6 +23,12 @@ if [[ "${1:-}" == "--bundle-deps" ]]; then
   cp -r /usr/include/dlpack "$dest/include/"
   cp -r "/usr/$arch_dir/cmake/hwy" "$dest/$arch_dir/cmake/"
   cp -a /usr/"$arch_dir"/libhwy*.so* "$dest/$arch_dir/"
+  # The stable-ABI torch adapter as built here (this machine's torch headers), for the
+  # cross-version check on the GPU machine's older torch.
+  mkdir -p "$dest/stable-abi"
+  python3 -c 'import opforge, os; print(os.path.join(os.path.dirname(opforge.__file__), "libopforge_torch.so"))' \
+    | xargs -I{} cp {} "$dest/stable-abi/"
+  python3 -c 'import torch; print(torch.__version__)' > "$dest/stable-abi/built-with-torch.txt"
   du -sh "$dest"
   exit 0
 fi
@@ -103,6 +109,21 @@ pytest=("$PY" -m pytest -p no:cacheprovider)
 
 # --- the GPU tests first: every op with a CUDA kernel, every dtype, torch / jax / CuPy ------------
 step test_cuda 150 "${pytest[@]}" -rfEs tests/python/test_cuda.py
+
+# --- the stable-ABI promise: the torch adapter built on the development machine (newer torch
+# headers, TORCH_TARGET_VERSION 2.11), carried in build/gpu-deps/stable-abi/, loaded by this
+# machine's torch and run through the torch tests; then the native build is put back.
+stable="$PWD/build/gpu-deps/stable-abi/libopforge_torch.so"
+if [[ -f $stable ]]; then
+  site=$("$PY" -c 'import opforge, os; print(os.path.dirname(opforge.__file__))')
+  note "stable ABI: adapter built with torch $(cat build/gpu-deps/stable-abi/built-with-torch.txt 2>/dev/null), running on $("$PY" -c 'import torch; print(torch.__version__)')"
+  cp "$site/libopforge_torch.so" /tmp/libopforge_torch.native-build.so
+  cp "$stable" "$site/libopforge_torch.so"
+  step stable_abi_foreign_binary 120 "${pytest[@]}" -x tests/python/test_torch.py
+  cp /tmp/libopforge_torch.native-build.so "$site/libopforge_torch.so"
+else
+  note "SKIP  stable_abi_foreign_binary (no $stable: run --bundle-deps on the development machine)"
+fi
 
 # --- compute-sanitizer over small GPU cases (every kernel, float32; the tiling edges of matmul_q) --
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
