@@ -1,0 +1,165 @@
+// torch.ops.opforge.<op> on forge tensors, natively (no CPU fallback): one boxed kernel for
+// every op, generic over its declaration. Arguments are validated and results allocated on the
+// calling thread, so bad input raises at the call; the kernel itself, opforge's CPU kernel run
+// on forge memory presented as cpu TensorViews, is queued on the current forge stream.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "opforge/dispatch.h"
+#include "opforge/registry.h"
+#include "runtime.h"
+
+namespace opforge::forge {
+
+namespace {
+
+std::optional<DType> dtype_of(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::float32;
+    case at::kDouble: return DType::float64;
+    case at::kHalf: return DType::float16;
+    case at::kBFloat16: return DType::bfloat16;
+    case at::kChar: return DType::int8;
+    case at::kByte: return DType::uint8;
+    case at::kInt: return DType::int32;
+    case at::kLong: return DType::int64;
+    case at::kBool: return DType::boolean;
+    default: return std::nullopt;
+  }
+}
+
+at::ScalarType scalar_type_of(DType t) {
+  switch (t) {
+    case DType::float32: return at::kFloat;
+    case DType::float64: return at::kDouble;
+    case DType::float16: return at::kHalf;
+    case DType::bfloat16: return at::kBFloat16;
+    case DType::int8: return at::kChar;
+    case DType::uint8: return at::kByte;
+    case DType::int32: return at::kInt;
+    case DType::int64: return at::kLong;
+    case DType::boolean: return at::kBool;
+  }
+  TORCH_CHECK(false, "forge: no torch dtype for opforge dtype ", dtype_name(t));
+}
+
+std::string device_text(const at::Tensor& t) {
+  return t.is_privateuseone() ? "forge:" + std::to_string(t.device().index()) : t.device().str();
+}
+
+// Where the tensors must all live, and their views; errors name the op and the argument.
+struct Bound {
+  OpInputs inputs;
+  std::vector<at::Tensor> keep;  // alive until the queued kernel has run
+  int device = -1;
+};
+
+Bound bind(const OpDef& op, const c10::FunctionSchema& schema, torch::jit::Stack& stack) {
+  const auto& specs = op.schema().args;
+  const size_t n = schema.arguments().size();
+  TORCH_CHECK(n == specs.size(), "forge: torch passed ", n, " arguments to ", op.name(), ", expected ", specs.size());
+  auto args = torch::jit::last(stack, n);
+  Bound b;
+  std::string first;  // the argument that fixed the device
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = args[i];
+    const ArgSpec& spec = specs[i];
+    switch (spec.kind) {
+      case ArgKind::tensor:
+      case ArgKind::optional_tensor: {
+        if (v.isNone()) {
+          b.inputs.tensors.emplace_back(std::nullopt);
+          break;
+        }
+        const at::Tensor& t = v.toTensor();
+        if (!t.is_privateuseone() || (b.device >= 0 && t.device().index() != b.device))
+          fail(ErrorKind::runtime, op.name(), "(): '", spec.name, "' is on ", device_text(t), " but ",
+               first.empty() ? std::string("the op runs on forge") : "'" + first + "' is on forge:" + std::to_string(b.device),
+               "; every tensor of an opforge op on forge must be on the same forge device (use .to())");
+        if (b.device < 0) {
+          b.device = t.device().index();
+          first = spec.name;
+        }
+        const auto dtype = dtype_of(t.scalar_type());
+        if (!dtype) fail(ErrorKind::type, op.name(), "(): '", spec.name, "' has dtype ", c10::toString(t.scalar_type()), ", which opforge does not support");
+        // Forge memory is host memory: opforge's CPU backend runs on it (from a stream's worker).
+        b.inputs.tensors.emplace_back(TensorView{t.data_ptr(), *dtype, Device{DeviceType::cpu, 0},
+                                                 t.sizes().vec(), t.strides().vec()});
+        b.keep.push_back(t);
+        break;
+      }
+      case ArgKind::float_: b.inputs.attrs.emplace_back(v.toDouble()); break;
+      case ArgKind::int_: b.inputs.attrs.emplace_back(v.toInt()); break;
+      case ArgKind::bool_: b.inputs.attrs.emplace_back(v.toBool()); break;
+      case ArgKind::str: b.inputs.attrs.emplace_back(v.toStringRef()); break;
+    }
+  }
+  torch::jit::drop(stack, n);
+  if (b.device < 0) b.device = current_device();
+  return b;
+}
+
+void run(const OpDef& op, const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
+  Bound b = bind(op, schema, *stack);
+  const Outputs results = infer_outputs(op, b.inputs);
+  const Selection selection = select_kernel(op, b.inputs);
+  std::vector<at::Tensor> outputs;
+  std::vector<TensorView> views;
+  const auto where = at::TensorOptions().device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(b.device));
+  for (const OutputSpec& spec : results) {
+    outputs.push_back(at::empty(spec.shape, where.dtype(scalar_type_of(spec.dtype))));
+    views.push_back(TensorView{outputs.back().data_ptr(), spec.dtype, Device{DeviceType::cpu, 0}, spec.shape,
+                               contiguous_strides(spec.shape)});
+  }
+  std::vector<at::Tensor> keep = std::move(b.keep);
+  keep.insert(keep.end(), outputs.begin(), outputs.end());
+  current_stream(b.device).enqueue([&op, selection, inputs = std::move(b.inputs), views = std::move(views),
+                                    keep = std::move(keep)] {
+    HostAccess access;
+    for (const at::Tensor& t : keep) access.add(t);
+    run_kernel(op, selection, inputs, views, nullptr);
+  });
+  for (at::Tensor& t : outputs) stack->push_back(std::move(t));
+}
+
+// opforge's errors become torch's typed errors, which Python raises as TypeError, ValueError,
+// NotImplementedError or RuntimeError with opforge's message.
+void boxed(const c10::OperatorHandle& handle, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = handle.schema();
+  std::string_view name = schema.name();
+  name.remove_prefix(name.find("::") + 2);
+  const OpDef* op = lookup_op(name);
+  TORCH_CHECK(op, "forge: torch.ops.opforge.", name, " is not an opforge op known to this build");
+  try {
+    run(*op, schema, stack);
+  } catch (const Error& e) {
+    switch (e.kind()) {
+      case ErrorKind::type: TORCH_CHECK_TYPE(false, e.what());
+      case ErrorKind::value: TORCH_CHECK_VALUE(false, e.what());
+      case ErrorKind::not_implemented: TORCH_CHECK_NOT_IMPLEMENTED(false, e.what());
+      case ErrorKind::runtime: TORCH_CHECK(false, e.what());
+    }
+  }
+}
+
+}  // namespace
+
+std::string& op_registration_errors() {
+  static auto* errors = new std::string();
+  return *errors;
+}
+
+}  // namespace opforge::forge
+
+// Registered by name before libopforge_torch.so defines the ops (torch accepts an impl ahead
+// of its def), so loading this library does not depend on the order. Never throws: a failure
+// is recorded for Python to raise as ImportError.
+TORCH_LIBRARY_IMPL(opforge, PrivateUse1, m) {
+  for (const opforge::OpDef* op : opforge::all_ops()) {
+    try {
+      m.impl(op->name().c_str(), torch::CppFunction::makeFromBoxedFunction<&opforge::forge::boxed>());
+    } catch (const std::exception& e) {
+      opforge::forge::op_registration_errors() += "registering " + op->name() + " for forge failed: " + e.what() + "\n";
+    }
+  }
+}

@@ -1,0 +1,424 @@
+"""The forge device (opforge.forge, bindings/forge): a PrivateUse1 backend whose memory is its
+own pool and whose work runs on its own streams. Every result is checked against the same
+computation on CPU tensors; errors are checked by type and message.
+"""
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import opforge  # noqa: E402
+
+if not (Path(opforge.__file__).parent / "libopforge_forge.so").exists():
+    pytest.skip("opforge was built without the forge device", allow_module_level=True)
+
+import opforge.forge as forge  # noqa: E402
+
+OPS = opforge._core.op_names()
+CORE = {name: opforge._core.op(name) for name in OPS}
+FORWARD_OF = {CORE[n].backward[0]: n for n in OPS if CORE[n].backward}
+WITH_REFERENCE = [n for n in OPS if importlib.util.find_spec(f"opforge.references.{n}") is not None]
+
+
+def tensor_names(name):
+    return [a["name"] for a in CORE[name].args if a["kind"].startswith("Tensor")]
+
+
+def first_dtype(name):
+    dtypes = next(a for a in CORE[name].args if a["kind"].startswith("Tensor"))["dtypes"]
+    return "float32" if "float32" in dtypes else dtypes[0]
+
+
+def sample(name, rng, dtype):
+    """CPU tensors (schema order) and attrs for `name`, from its reference's sample (a backward
+    op without one: from its forward op's sample, as tests/python/test_torch.py does)."""
+    if name in WITH_REFERENCE:
+        arrays, attrs = importlib.import_module(f"opforge.references.{name}").sample(rng, rows=5, cols=33)
+
+        def convert(a):
+            a = np.asarray(a)
+            if a.dtype != np.float64:
+                return torch.from_numpy(a)
+            if dtype.startswith("int"):
+                a = rng.integers(-1000, 1000, a.shape)
+            return torch.from_numpy(a).to(getattr(torch, dtype))
+
+        return [convert(a) for a in arrays], attrs
+    forward = FORWARD_OF[name]
+    args, attrs = sample(forward, rng, dtype)
+    result = getattr(torch.ops.opforge, forward)(*args, **attrs)
+    values = {**dict(zip(tensor_names(forward), args)), "result": result,
+              "grad": torch.from_numpy(rng.standard_normal(tuple(result.shape))).to(result.dtype)}
+    taken = {a["name"] for a in CORE[name].args}
+    return [values[n] for n in tensor_names(name)], {k: v for k, v in attrs.items() if k in taken}
+
+
+def as_tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+# ---- the device and its module -------------------------------------------------------------
+
+def test_module_registered():
+    assert torch.forge is forge
+    assert torch._C._get_privateuse1_backend_name() == "forge"
+    assert forge.is_available() and forge.device_count() >= 1
+    x = torch.ones(2).forge()
+    assert x.is_forge and x.device == torch.device("forge", forge.current_device())
+
+
+def test_set_device_and_guard():
+    if forge.device_count() < 2:
+        pytest.skip("needs two forge devices")
+    start = forge.current_device()
+    try:
+        forge.set_device(1)
+        assert forge.current_device() == 1
+        assert torch.empty(3, device="forge").device == torch.device("forge", 1)
+        with forge.device(0):
+            assert forge.current_device() == 0
+        assert forge.current_device() == 1
+    finally:
+        forge.set_device(start)
+
+
+def test_invalid_device_index():
+    n = forge.device_count()
+    with pytest.raises(IndexError, match=f"invalid forge device index {n}"):
+        torch.empty(3, device=f"forge:{n}")
+    with pytest.raises(IndexError, match="invalid forge device index"):
+        forge.set_device(n)
+    with pytest.raises(IndexError, match="invalid forge device index"):
+        torch.ones(3).to(f"forge:{n}")
+
+
+def test_failed_initialisation_raises_each_time():
+    code = ("import torch, opforge.forge as f\n"
+            "assert not f.is_available() and f.device_count() == 0\n"
+            "for _ in range(2):\n"
+            "    try:\n"
+            "        torch.empty(2, device='forge')\n"
+            "    except RuntimeError as e:\n"
+            "        assert 'OPFORGE_FORGE_DEVICES must be an integer' in str(e), e\n"
+            "    else:\n"
+            "        raise SystemExit('no error')\n"
+            "print('ok')\n")
+    env = {**os.environ, "OPFORGE_FORGE_DEVICES": "lots", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# ---- tensors, copies, printing, indexing -----------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bool, torch.bfloat16])
+def test_copies_both_ways(dtype, rng):
+    cpu = torch.from_numpy(rng.standard_normal((7, 13)) * 100).to(dtype)
+    x = cpu.to("forge")
+    assert x.device.type == "forge" and x.dtype == dtype and x.shape == cpu.shape
+    assert torch.equal(x.cpu(), cpu)
+    assert torch.equal(cpu.T.to("forge").cpu(), cpu.T)  # non-contiguous source
+    assert torch.equal(x.T.cpu(), cpu.T)  # non-contiguous forge source
+    y = torch.empty_like(x)
+    y.copy_(x)  # forge to forge
+    assert torch.equal(y.cpu(), cpu)
+
+
+def test_creation_and_to(rng):
+    assert torch.equal(torch.zeros(3, 4, device="forge").cpu(), torch.zeros(3, 4))
+    assert torch.equal(torch.full((5,), 2.5, device="forge").cpu(), torch.full((5,), 2.5))
+    assert torch.equal(torch.arange(10, device="forge").cpu(), torch.arange(10))
+    data = rng.standard_normal(6).tolist()
+    assert torch.equal(torch.tensor(data, device="forge").cpu(), torch.tensor(data))
+    cpu = torch.from_numpy(rng.standard_normal((4, 4)))
+    x = cpu.to("forge").to(torch.float32)
+    assert x.dtype == torch.float32 and torch.equal(x.to("cpu"), cpu.float())
+    if forge.device_count() > 1:
+        z = x.to("forge:1")
+        assert z.device == torch.device("forge", 1) and torch.equal(z.cpu(), cpu.float())
+    assert x[0, 0].item() == cpu[0, 0].float().item()
+
+
+def test_printing(rng):
+    cpu = torch.from_numpy(rng.standard_normal((3, 4))).float()
+    text = repr(cpu.to("forge"))
+    assert text.endswith(", device='forge:0')")
+    assert text.replace(", device='forge:0')", ")") == repr(cpu)
+
+
+def test_indexing(rng):
+    cpu = torch.from_numpy(rng.standard_normal((6, 8))).float()
+    x = cpu.to("forge")
+    assert torch.equal(x[2].cpu(), cpu[2])
+    assert torch.equal(x[:, 1:7:2].cpu(), cpu[:, 1:7:2])
+    idx = torch.tensor([5, 0, 3])
+    assert torch.equal(x[idx.to("forge")].cpu(), cpu[idx])
+    assert torch.equal(x[x > 0].cpu(), cpu[cpu > 0])
+    x[1, 2] = 7.0
+    cpu[1, 2] = 7.0
+    assert torch.equal(x.cpu(), cpu)
+
+
+ATEN_OPS = {
+    "add": lambda a, b: a + b, "mul": lambda a, b: a * b, "matmul": lambda a, b: a @ b.T,
+    "sum": lambda a, b: a.sum(dim=1), "mean": lambda a, b: a.mean(), "exp": lambda a, b: a.exp(),
+    "softmax": lambda a, b: torch.softmax(a, dim=-1), "max": lambda a, b: a.max(dim=0).values,
+    "where": lambda a, b: torch.where(a > b, a, b), "cat": lambda a, b: torch.cat([a, b], dim=0),
+    "transpose_contiguous": lambda a, b: a.t().contiguous(), "cumsum": lambda a, b: a.cumsum(1),
+}
+
+
+@pytest.mark.parametrize("name", list(ATEN_OPS))
+def test_aten_ops_through_fallback(name, rng):
+    a, b = (torch.from_numpy(rng.standard_normal((5, 9))).float() for _ in range(2))
+    got = ATEN_OPS[name](a.to("forge"), b.to("forge"))
+    assert got.device.type == "forge"
+    torch.testing.assert_close(got.cpu(), ATEN_OPS[name](a, b))
+
+
+def test_fallback_listing_and_error_mode():
+    x = torch.ones(3, device="forge")
+    forge.clear_fallback_ops()
+    (x * 2).cpu()
+    assert any(name.startswith("aten::mul") for name in forge.fallback_ops())  # mul.Tensor runs as mul.out
+    forge.set_fallback("error")
+    try:
+        with pytest.raises(NotImplementedError, match="has no forge kernel, and falling back to the CPU is disabled"):
+            x * 2
+    finally:
+        forge.set_fallback("allow")
+    with pytest.raises(ValueError, match="mode must be 'allow' or 'error'"):
+        forge.set_fallback("maybe")
+
+
+# ---- opforge's own ops, natively on forge ----------------------------------------------------
+
+NATIVE = [n for n in OPS if n in WITH_REFERENCE or n in FORWARD_OF]
+
+
+@pytest.mark.parametrize("name", NATIVE)
+def test_opforge_op_native(name, rng):
+    import opforge.torch  # noqa: F401
+
+    tensors, attrs = sample(name, rng, first_dtype(name))
+    op = getattr(torch.ops.opforge, name)
+    want = as_tuple(op(*tensors, **attrs))
+    forge.clear_fallback_ops()
+    with torch.inference_mode():  # the forge kernel itself, not autograd around it
+        got = as_tuple(op(*[t.to("forge") for t in tensors], **attrs))
+    assert not [k for k in forge.fallback_ops() if "opforge" in k], "an opforge op fell back to the CPU"
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.device.type == "forge"
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-5, atol=1e-5)
+
+
+def test_opforge_op_mixed_devices_raises(rng):
+    x = torch.from_numpy(rng.standard_normal((4, 8))).float()
+    with pytest.raises(RuntimeError, match="add\\(\\): 'y' is on cpu but 'x' is on forge:0; every tensor of an "
+                                           "opforge op on forge must be on the same forge device"):
+        torch.ops.opforge.add(x.to("forge:0"), x)
+
+
+def test_opforge_op_bad_input_raises(rng):
+    x = torch.from_numpy(rng.standard_normal((4, 8))).float().to("forge")
+    with pytest.raises(ValueError, match="rms_norm\\(\\): 'weight'"):
+        torch.ops.opforge.rms_norm(x, torch.ones(7, device="forge"))
+
+
+# ---- autograd, RNG, streams, memory ----------------------------------------------------------
+
+def train(device, steps=5):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 8, generator=gen), torch.randn(32, 1, generator=gen)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+def test_mlp_trains_like_cpu():
+    cpu_losses, cpu_params = train("cpu")
+    forge_losses, forge_params = train("forge")
+    assert forge_losses[-1] < forge_losses[0]
+    np.testing.assert_allclose(forge_losses, cpu_losses, rtol=1e-5)
+    for f, c in zip(forge_params, cpu_params):
+        torch.testing.assert_close(f, c)
+
+
+def test_autograd_through_opforge_op(rng):
+    x = torch.from_numpy(rng.standard_normal((4, 8))).float()
+    xf = x.to("forge").requires_grad_()
+    torch.ops.opforge.relu(xf).sum().backward()
+    torch.testing.assert_close(xf.grad.cpu(), (x > 0).float())
+
+
+def test_manual_seed_reproducible():
+    torch.manual_seed(1234)
+    a = torch.randn(100, device="forge").cpu()
+    b = torch.rand(10, device="forge").cpu()
+    torch.manual_seed(1234)
+    assert torch.equal(torch.randn(100, device="forge").cpu(), a)
+    assert torch.equal(torch.rand(10, device="forge").cpu(), b)
+    torch.manual_seed(4321)
+    assert not torch.equal(torch.randn(100, device="forge").cpu(), a)
+    assert forge.initial_seed() == 4321
+
+
+def test_streams_event_ordering():
+    s1, s2 = forge.Stream(), forge.Stream()
+    x = torch.zeros(1000, device="forge")
+    with torch.inference_mode():
+        with s1:
+            forge._sleep(0.2)
+            y = torch.ops.opforge.add_one(x)  # queued on s1 behind the pause
+            done = forge.Event()
+            done.record(s1)
+        with s2:
+            done.wait(s2)
+            z = torch.ops.opforge.add_one(y)  # on s2, after the event
+    forge.synchronize()
+    assert torch.equal(z.cpu(), torch.full((1000,), 2.0))
+
+
+def test_streams_missing_wait_is_observable():
+    """The same two streams without the event: s2 copies w out while s1 is still paused, so
+    the copy sees w before add_one wrote it (anything but 42.5)."""
+    s1, s2 = forge.Stream(), forge.Stream()
+    x = torch.full((1000,), 41.5, device="forge")
+    with torch.inference_mode():
+        with s1:
+            forge._sleep(0.3)
+            w = torch.ops.opforge.add_one(x)
+        with s2:
+            early = w.cpu()
+    forge.synchronize()
+    assert torch.equal(w.cpu(), torch.full((1000,), 42.5))
+    assert not torch.equal(early, torch.full((1000,), 42.5))
+
+
+def test_memory_returns_to_start():
+    forge.synchronize()
+    start = forge.memory_allocated()
+    forge.reset_peak_memory_stats()
+    for i in range(10_000):
+        t = torch.empty(64 + i % 512, device="forge")
+        del t
+    forge.synchronize()
+    assert forge.memory_allocated() == start
+    held = [torch.empty(1024, device="forge") for _ in range(10)]
+    assert forge.memory_allocated() >= start + 10 * 4096
+    assert forge.max_memory_allocated() >= forge.memory_allocated()
+    del held
+    assert forge.memory_allocated() == start
+    forge.empty_cache()
+    assert forge.memory_reserved() >= forge.memory_allocated()
+
+
+
+def test_event_query_synchronize_elapsed():
+    start, end = forge.Event(enable_timing=True), forge.Event(enable_timing=True)
+    s = forge.current_stream()
+    start.record(s)
+    forge._sleep(0.05)
+    end.record(s)
+    assert not end.query()  # the pause is still queued ahead of it
+    end.synchronize()
+    assert end.query()
+    assert 40 <= start.elapsed_time(end) < 5000
+
+
+def test_default_and_new_streams():
+    default = forge.current_stream()
+    assert default == forge.default_stream() and default.stream_id == 0
+    s = forge.Stream()
+    assert s != default and s.device == torch.device("forge", forge.current_device())
+    with s:
+        assert forge.current_stream() == s
+    assert forge.current_stream() == default
+    s.synchronize()
+    assert s.query()
+
+
+def test_torch_accelerator_drives_forge():
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.current_accelerator() == torch.device("forge")
+    assert torch.accelerator.device_count() == forge.device_count()
+    x = torch.ones(256, device="forge")
+    assert torch.accelerator.memory_allocated() == forge.memory_allocated()
+    s = torch.Stream(device="forge")
+    torch.accelerator.set_stream(s)
+    try:
+        assert torch.accelerator.current_stream() == s
+    finally:
+        torch.accelerator.set_stream(forge.default_stream())
+    torch.accelerator.synchronize()
+    del x
+
+
+def test_pinned_host_memory():
+    t = torch.empty(16, pin_memory=True)
+    assert t.is_pinned()
+    assert not torch.empty(16).is_pinned()
+    assert torch.ones(8).pin_memory().is_pinned()
+
+
+def test_save_and_load(tmp_path, rng):
+    cpu = torch.from_numpy(rng.standard_normal((3, 5))).float()
+    path = tmp_path / "t.pt"
+    torch.save({"w": cpu.to("forge")}, path)
+    loaded = torch.load(path)
+    assert loaded["w"].device.type == "forge"
+    assert torch.equal(loaded["w"].cpu(), cpu)
+    assert torch.equal(torch.load(path, map_location="cpu")["w"], cpu)
+
+
+def test_generator_object(rng):
+    g = torch.Generator(device="forge").manual_seed(7)
+    a = torch.randn(50, device="forge", generator=g).cpu()
+    g.manual_seed(7)
+    assert torch.equal(torch.randn(50, device="forge", generator=g).cpu(), a)
+
+
+def test_host_dereference_fails_loudly():
+    """Reading a forge tensor's memory from the host (a bug) kills the process with a message
+    rather than returning garbage. In a child process: the test process must not crash."""
+    if not forge.memory_protected():
+        pytest.skip("OPFORGE_FORGE_PROTECT=0")
+    code = ("import ctypes, torch, opforge.forge\n"
+            "x = torch.ones(1024, device='forge')\n"
+            "print(ctypes.c_float.from_address(x.data_ptr()).value)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and out.stdout == ""
+    assert "the host touched forge device memory" in out.stderr
+
+
+def test_import_torch_autoloads_forge():
+    code = "import torch\nprint(torch.ones(2, device='forge').is_forge, hasattr(torch, 'forge'))\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["True", "True"], out.stderr[-2000:]
+
+
+def test_built_for_other_torch_is_an_import_error(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "1.0.0")
+    with pytest.raises(ImportError, match="built for torch .* and this is torch 1.0.0"):
+        forge._check_build()
+
+
+def test_async_error_surfaces_at_synchronize():
+    """Validation happens at the call, so bad input never reaches a stream; a failure inside a
+    queued task is kept and raised by the next synchronize of that stream."""
+    with pytest.raises(IndexError, match="invalid forge device index"):
+        forge.synchronize(forge.device_count())
