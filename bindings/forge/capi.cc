@@ -2,7 +2,10 @@
 // so this library needs nothing from torch_python and Python loads it with the same
 // torch.ops.load_library call that registers its kernels. Each returns a status (or a value,
 // negative on failure); the failure's message is forge_last_error() on the same thread.
+#include <ATen/ATen.h>
+
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "generator.h"
@@ -129,3 +132,26 @@ FORGE_EXPORT int forge_set_stream(int64_t device, int64_t id) {
 }
 
 FORGE_EXPORT int forge_device_type() { return static_cast<int>(c10::DeviceType::PrivateUse1); }
+
+// The default generator's state (the CPU engine's byte layout): its size, copied into `out`
+// when that holds `capacity` bytes or more.
+FORGE_EXPORT int64_t forge_rng_state(int64_t device, uint8_t* out, int64_t capacity) {
+  return guarded(
+      [=]() -> int64_t {
+        const at::Tensor state = default_generator(static_cast<int>(device)).get_state();
+        const int64_t n = state.numel();
+        if (out && capacity >= n) std::memcpy(out, state.data_ptr(), n);
+        return n;
+      },
+      int64_t{-1});
+}
+
+FORGE_EXPORT int forge_set_rng_state(int64_t device, const uint8_t* data, int64_t size) {
+  return guarded(
+      [=] {
+        const at::Tensor state = at::from_blob(const_cast<uint8_t*>(data), {size}, at::kByte).clone();
+        const_cast<at::Generator&>(default_generator(static_cast<int>(device))).set_state(state);
+        return 0;
+      },
+      -1);
+}

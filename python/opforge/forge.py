@@ -62,6 +62,8 @@ def _load_library() -> ctypes.CDLL:
         ("forge_initial_seed", [c_int64, ctypes.POINTER(ctypes.c_uint64)], c_int),
         ("forge_sleep", [ctypes.c_double], c_int), ("forge_current_stream_id", [c_int64], c_int64),
         ("forge_set_stream", [c_int64, c_int64], c_int), ("forge_device_type", [], c_int),
+        ("forge_rng_state", [c_int64, ctypes.c_void_p, c_int64], c_int64),
+        ("forge_set_rng_state", [c_int64, ctypes.c_void_p, c_int64], c_int),
     ]:
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, res
@@ -351,6 +353,29 @@ def seed() -> None:
 def seed_all() -> None:
     for i in range(device_count()):
         _check(_lib.forge_seed(i))
+
+
+def get_rng_state(device=None) -> torch.Tensor:
+    """The default generator's state of `device`, as a CPU uint8 tensor (torch.testing saves and
+    restores it around checks, as for any accelerator)."""
+    index = _index(device)
+    state = torch.empty(_check(_lib.forge_rng_state(index, None, 0)), dtype=torch.uint8)
+    _check(_lib.forge_rng_state(index, state.data_ptr(), state.numel()))
+    return state
+
+
+def set_rng_state(state: torch.Tensor, device=None) -> None:
+    state = state.detach().to("cpu", torch.uint8).contiguous()
+    _check(_lib.forge_set_rng_state(_index(device), state.data_ptr(), state.numel()))
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(states) -> None:
+    for i, state in enumerate(states):
+        set_rng_state(state, i)
 
 
 def initial_seed() -> int:

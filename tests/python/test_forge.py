@@ -385,6 +385,13 @@ def test_save_and_load(tmp_path, rng):
     assert torch.equal(torch.load(path, map_location="cpu")["w"], cpu)
 
 
+def test_rng_state_round_trip():
+    state = forge.get_rng_state()
+    a = torch.randn(20, device="forge").cpu()
+    forge.set_rng_state(state)
+    assert torch.equal(torch.randn(20, device="forge").cpu(), a)
+
+
 def test_generator_object(rng):
     g = torch.Generator(device="forge").manual_seed(7)
     a = torch.randn(50, device="forge", generator=g).cpu()
