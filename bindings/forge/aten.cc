@@ -138,7 +138,7 @@ at::Tensor& set_storage(at::Tensor& self, at::Storage source, int64_t offset, c1
                             ? 0
                             : at::detail::computeStorageNbytes(size, strides, self.dtype().itemsize(), offset);
   if (needed > source.nbytes()) grow_storage(source, needed);
-  return at::native::set_storage_cpu_(self, std::move(source), offset, size, stride);
+  return at::native::set_storage_cpu_(self, std::move(source), offset, size, strides);  // never an empty, non-null stride
 }
 at::Tensor& set_source_storage(at::Tensor& self, at::Storage source) { return at::native::set_(self, std::move(source)); }
 at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) { return at::native::set_tensor_(self, source); }
