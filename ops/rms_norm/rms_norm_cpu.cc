@@ -1,5 +1,6 @@
 // rms_norm on the CPU: rows in parallel; per row one SIMD pass for the sum of squares
-// (four accumulators to hide FMA latency) and one for the scaled output.
+// (four accumulators to hide FMA latency) and one for the scaled output, during which the next
+// row is prefetched; big outputs go out as non-temporal stores (rows-inl.h).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/rms_norm/rms_norm_cpu.cc"
 #include <hwy/foreach_target.h>  // re-includes this file once per target
@@ -19,9 +20,11 @@ namespace opforge::rms_norm_cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using namespace opforge::cpu::HWY_NAMESPACE;
 
-// x, w and out are contiguous rows of n elements.
+// x, w and out are contiguous rows of n elements; next (or nullptr) is the row to fetch into
+// cache while this one is written.
 template <typename T>
-void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, const T* HWY_RESTRICT w, int64_t n, double eps) {
+void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, const T* HWY_RESTRICT w, int64_t n, double eps, bool stream,
+         const T* next) {
   using C = Compute<T>;
   const hn::ScalableTag<C> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -43,10 +46,9 @@ void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, const T* HWY_RESTRICT w, 
   for (; i < n; ++i) sum += ToCompute(x[i]) * ToCompute(x[i]);
   const C inv = C(1) / std::sqrt(sum / static_cast<C>(n) + static_cast<C>(eps));
   const auto vinv = hn::Set(d, inv);
-  i = 0;
-  for (; i + lanes <= n; i += lanes)
-    StoreAs(d, hn::Mul(hn::Mul(LoadAs(d, x + i), vinv), LoadAs(d, w + i)), out + i);
-  for (; i < n; ++i) out[i] = FromCompute<T>(ToCompute(x[i]) * inv * ToCompute(w[i]));
+  PrefetchBytes(next, n * static_cast<int64_t>(sizeof(T)));
+  WriteRow(out, n, stream, [&](int64_t k) { return hn::Mul(hn::Mul(LoadAs(d, x + k), vinv), LoadAs(d, w + k)); },
+           [&](int64_t k) { return ToCompute(x[k]) * inv * ToCompute(w[k]); });
 }
 
 void Run(const KernelCall& call) {
@@ -61,9 +63,12 @@ void Run(const KernelCall& call) {
     std::vector<T> weight_copy;
     const T* w = RowOf(weight, 0, n, weight_copy);
     T* dst = out.data_as<T>();
+    const bool stream = StreamsOutput<T>(rows * n);
     parallel_for(rows, RowsPerChunk(n, 1 << 14), [&](int64_t begin, int64_t end) {
       std::vector<T> row_copy;
-      for (int64_t r = begin; r < end; ++r) Row(dst + r * n, RowOf(x, r, n, row_copy), w, n, eps);
+      for (int64_t r = begin; r < end; ++r)
+        Row(dst + r * n, RowOf(x, r, n, row_copy), w, n, eps, stream, NextRowOf<T>(x, r, end, n));
+      StreamFence(stream);
     });
   });
 }

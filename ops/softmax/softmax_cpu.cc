@@ -53,10 +53,11 @@ void WriteFromX(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, int64_t n, Compute
            [&](int64_t i) { return std::exp(ToCompute(x[i]) - max) * inv; });
 }
 
-// The cached path. scratch holds n floats (doubles for float64).
+// The cached path. scratch holds n floats (doubles for float64); next (or nullptr) is the row
+// to fetch into cache during the exp pass.
 template <typename T>
 void CachedRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, int64_t n, Compute<T>* HWY_RESTRICT scratch,
-               bool stream) {
+               bool stream, const T* next) {
   using C = Compute<T>;
   const hn::ScalableTag<C> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -88,6 +89,7 @@ void CachedRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, int64_t n, Compute<
   auto total = hn::Zero(d);
   for (i = 0; i + lanes <= n;) {
     const int64_t stop = std::min(n, i + kBlock * lanes);
+    if (next) PrefetchBytes(next + i, (stop - i) * static_cast<int64_t>(sizeof(T)));
     auto s0 = hn::Zero(d), s1 = hn::Zero(d);
     for (; i + 2 * lanes <= stop; i += 2 * lanes) {
       const auto e0 = ExpNonPositiveRound(d, hn::Sub(LoadAs(d, x + i), vmax));
@@ -173,7 +175,7 @@ void Run(const KernelCall& call) {
       std::vector<C> scratch(cached ? n : 0);
       for (int64_t r = begin; r < end; ++r) {
         const T* row = RowOf(x, r, n, gathered);
-        if (cached) CachedRow(dst + r * n, row, n, scratch.data(), stream);
+        if (cached) CachedRow(dst + r * n, row, n, scratch.data(), stream, NextRowOf<T>(x, r, end, n));
         else OnlineRow(dst + r * n, row, n, stream);
       }
       StreamFence(stream);

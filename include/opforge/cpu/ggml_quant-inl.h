@@ -6,10 +6,9 @@
 // - The absolute maximum is taken on the float bits with the sign cleared: for non-NaN floats
 //   unsigned order is magnitude order, so it equals ggml's fabsf/MAX loop, and it is the same
 //   on every target (a NaN in a block gives a NaN scale: such blocks are garbage in ggml too).
-// - No product ever feeds an addition in float32: GCC contracts a*b+c into an FMA (one
-//   rounding instead of ggml's two) wherever the target has FMA, and would change rare quants.
-//   roundf is built from Trunc and a comparison; Q4_0's "+ 8.5f" is done in double (exact)
-//   and rounded to float once, which is what the float32 addition does.
+// - A product that feeds an addition goes through Rounded(): GCC contracts a*b+c into an FMA
+//   (one rounding instead of ggml's two) wherever the target has FMA, which would change rare
+//   quants. roundf is built from Trunc and a comparison.
 // Checked against ggml's own C (quantize_row_q8_0_ref, _q4_0_ref of ggml-org/ggml d99724f,
 // compiled with -ffp-contract=off) on 8M values of scales 1e-4..1e4: the same bytes on every
 // target. ggml built with -march=native itself differs from that in about 1 Q4_0 block in
@@ -24,6 +23,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "opforge/cpu/ggml_quant.h"
 #include "opforge/cpu/simd-inl.h"
@@ -45,62 +45,101 @@ HWY_INLINE uint32_t AbsMaxBits(const T* HWY_RESTRICT x) {
   return hn::GetLane(hn::MaxOfLanes(du, m));
 }
 
-// Q8_0: q = roundf(x * id) into q[0..31]; returns the unrounded scale d = amax / 127.
+// v, opaque to the optimizer: a product passed through it cannot be contracted with the
+// addition that follows into an FMA. Only the x86 and Arm SIMD targets have FMA to contract into.
+template <class V>
+HWY_INLINE V Rounded(V v) {
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_EMU128 && HWY_TARGET != HWY_SCALAR
+  asm("" : "+v"(v.raw));
+#elif HWY_ARCH_ARM_A64 && HWY_TARGET != HWY_EMU128 && HWY_TARGET != HWY_SCALAR
+  asm("" : "+w"(v.raw));
+#endif
+  return v;
+}
+
+// Q8_0 quants q = roundf(x * id) into q[0..31].
 template <typename T>
-HWY_INLINE float QuantizeBlockQ8_0(const T* HWY_RESTRICT x, int8_t* HWY_RESTRICT q) {
-  const float d = quant::scale_q8_0(bits_to_float(AbsMaxBits(x)));
+HWY_INLINE void QuantsQ8_0(const T* HWY_RESTRICT x, float id, int8_t* HWY_RESTRICT q) {
   const hn::ScalableTag<float> df;
   const hn::Rebind<int32_t, decltype(df)> di;
   const hn::Rebind<int8_t, decltype(df)> d8;
-  const auto id = hn::Set(df, quant::inverse_scale(d));
+  const auto vid = hn::Set(df, id);
   const auto half = hn::Set(df, 0.5f), one = hn::Set(df, 1.0f);
   for (int64_t i = 0; i < quant::kBlock; i += static_cast<int64_t>(hn::Lanes(df))) {
-    const auto p = hn::Mul(LoadAs(df, x + i), id);
+    const auto p = hn::Mul(LoadAs(df, x + i), vid);
     const auto t = hn::Trunc(p);
     // roundf: away from zero when |p| >= |t| + 0.5 (exact: |t| < 2^23 or p is integral).
     const auto up = hn::Ge(hn::Abs(p), hn::Add(hn::Abs(t), half));
     const auto r = hn::IfThenElse(up, hn::Add(t, hn::CopySign(one, p)), t);
     hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, r)), d8, q + i);
   }
-  return d;
 }
 
-// Q4_0: qs[j] = q[j] | q[j + 16] << 4 with q = min(15, (int8_t)(x * id + 8.5f)); returns the
-// unrounded scale d = max / -8, max being the first value of largest magnitude (ggml's strict
-// `amax < fabsf(v)` keeps the first), +0 for an all-zero block.
+// Q4_0 quants qs[j] = q[j] | q[j + 16] << 4 with q = min(15, (int8_t)(x * id + 8.5f)), the
+// product rounded to float before the sum as in ggml.
 template <typename T>
-HWY_INLINE float QuantizeBlockQ4_0(const T* HWY_RESTRICT x, uint8_t* HWY_RESTRICT qs) {
-  const uint32_t amax = AbsMaxBits(x);
-  float max = 0.0f;
-  if (amax != 0) {
-    const hn::ScalableTag<float> dv;
-    const hn::RebindToUnsigned<decltype(dv)> du;
-    const int64_t lanes = static_cast<int64_t>(hn::Lanes(dv));
-    // Last vector first, so the earliest hit wins without a data-dependent branch.
-    int64_t first = 0;
-    for (int64_t i = quant::kBlock - lanes; i >= 0; i -= lanes) {
-      const auto bits = hn::And(hn::BitCast(du, LoadAs(dv, x + i)), hn::Set(du, 0x7fffffffu));
-      const intptr_t hit = hn::FindFirstTrue(du, hn::Eq(bits, hn::Set(du, amax)));
-      first = hit >= 0 ? i + hit : first;
-    }
-    max = ToCompute(x[first]);
-  }
-  const float d = quant::scale_q4_0(max);
-  const hn::ScalableTag<double> dd;
-  const hn::Rebind<float, decltype(dd)> df;
-  const hn::Rebind<int32_t, decltype(dd)> di;
-  const hn::Rebind<uint8_t, decltype(dd)> d8;
-  const auto id = hn::Set(df, quant::inverse_scale(d));
-  const auto quantize = [&](const T* p) {
-    const auto shifted = hn::DemoteTo(df, hn::Add(hn::PromoteTo(dd, hn::Mul(LoadAs(df, p), id)), hn::Set(dd, 8.5)));
-    return hn::Min(hn::ConvertTo(di, shifted), hn::Set(di, 15));
-  };
+HWY_INLINE void QuantsQ4_0(const T* HWY_RESTRICT x, float id, uint8_t* HWY_RESTRICT qs) {
   constexpr int64_t kHalf = quant::kBlock / 2;
-  for (int64_t j = 0; j < kHalf; j += static_cast<int64_t>(hn::Lanes(dd))) {
+  const hn::CappedTag<float, kHalf> df;
+  const hn::Rebind<int32_t, decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const auto vid = hn::Set(df, id), shift = hn::Set(df, 8.5f);
+  const auto top = hn::Set(di, 15);
+  // x * id + 8.5 >= 0.5 (|x * id| <= 8), so the conversion's truncation is the int8 cast.
+  const auto quantize = [&](const T* p) {
+    return hn::Min(hn::ConvertTo(di, hn::Add(Rounded(hn::Mul(LoadAs(df, p), vid)), shift)), top);
+  };
+  for (int64_t j = 0; j < kHalf; j += static_cast<int64_t>(hn::Lanes(df))) {
     const auto packed = hn::Or(quantize(x + j), hn::ShiftLeft<4>(quantize(x + j + kHalf)));
     hn::StoreU(hn::DemoteTo(d8, packed), d8, qs + j);
   }
+}
+
+// Q4_0's max: the first value of largest magnitude (ggml's strict `amax < fabsf(v)` keeps the
+// first), +0 for an all-zero block; amax is AbsMaxBits(x).
+template <typename T>
+HWY_INLINE float SignedMaxQ4_0(const T* HWY_RESTRICT x, uint32_t amax) {
+  if (amax == 0) return 0.0f;
+  const hn::ScalableTag<float> dv;
+  const hn::RebindToUnsigned<decltype(dv)> du;
+  const size_t lanes = hn::Lanes(dv);
+  // One bit per value with |x| == amax, then the lowest: no data-dependent branch (which value
+  // is the largest is a coin toss, and a mispredicted branch per block stalled the whole loop).
+  uint32_t hits = 0;
+  for (size_t i = 0; i < quant::kBlock; i += lanes) {
+    const auto bits = hn::And(hn::BitCast(du, LoadAs(dv, x + i)), hn::Set(du, 0x7fffffffu));
+    uint8_t mask[8] = {};
+    hn::StoreMaskBits(du, hn::Eq(bits, hn::Set(du, amax)), mask);
+    uint32_t word;
+    std::memcpy(&word, mask, sizeof(word));
+    hits |= word << i;
+  }
+  return ToCompute(x[hwy::Num0BitsBelowLS1Bit_Nonzero32(hits)]);
+}
+
+// Q8_0 of one block into q[0..31]; returns the unrounded scale d = amax / 127.
+template <typename T>
+HWY_INLINE float QuantizeBlockQ8_0(const T* HWY_RESTRICT x, int8_t* HWY_RESTRICT q) {
+  const float d = quant::scale_q8_0(bits_to_float(AbsMaxBits(x)));
+  QuantsQ8_0(x, quant::inverse_scale(d), q);
   return d;
+}
+
+// Blocks are quantized kGroup at a time: every block's maximum first, then the group's scales
+// d and inverse scales as vectors, then the quants. Two scalar divisions per block would sit
+// on each block's critical path and cost more than its quantization.
+inline constexpr int64_t kGroup = 16;
+
+// d[i] = max[i] / divisor and id[i] = d[i] != 0 ? 1 / d[i] : 0 for i < kGroup: the same
+// correctly rounded divisions as quant::scale_q8_0 and quant::inverse_scale, lane by lane.
+HWY_INLINE void GroupScales(const float* HWY_RESTRICT max, float divisor, float* HWY_RESTRICT d,
+                            float* HWY_RESTRICT id) {
+  const hn::CappedTag<float, kGroup> df;
+  for (int64_t i = 0; i < kGroup; i += static_cast<int64_t>(hn::Lanes(df))) {
+    const auto dv = hn::Div(hn::LoadU(df, max + i), hn::Set(df, divisor));
+    hn::StoreU(dv, df, d + i);
+    hn::StoreU(hn::IfThenZeroElse(hn::Eq(dv, hn::Zero(df)), hn::Div(hn::Set(df, 1.0f), dv)), df, id + i);
+  }
 }
 
 // x: [..., k] (any strides, k % 32 == 0) -> out: [..., k / 32 * block_bytes], contiguous, in
@@ -112,20 +151,30 @@ void QuantizeRows(const TensorView& x, const TensorView& out) {
   const int64_t inner = x.stride(-1);
   uint8_t* dst = out.data_as<uint8_t>();
   parallel_for(x.numel() / quant::kBlock, 512, [&](int64_t begin, int64_t end) {
-    T gathered[quant::kBlock];
-    quant::for_each_block<T>(x, quant::kBlock, begin, end, [&](int64_t g, const T* block) {
-      if (inner != 1) {
-        for (int64_t j = 0; j < quant::kBlock; ++j) gathered[j] = block[j * inner];
-        block = gathered;
+    T gathered[kGroup][quant::kBlock];
+    const T* blocks[kGroup];
+    HWY_ALIGN float max[kGroup] = {}, d[kGroup], id[kGroup];
+    for (int64_t g0 = begin; g0 < end; g0 += kGroup) {
+      const int64_t count = std::min(kGroup, end - g0);
+      quant::for_each_block<T>(x, quant::kBlock, g0, g0 + count, [&](int64_t g, const T* block) {
+        const int64_t b = g - g0;
+        if (inner != 1) {
+          for (int64_t j = 0; j < quant::kBlock; ++j) gathered[b][j] = block[j * inner];
+          block = gathered[b];
+        }
+        blocks[b] = block;
+        const uint32_t amax = AbsMaxBits(block);
+        if constexpr (F == quant::Format::q8_0) max[b] = bits_to_float(amax);
+        else max[b] = SignedMaxQ4_0(block, amax);
+      });
+      GroupScales(max, F == quant::Format::q8_0 ? 127.0f : -8.0f, d, id);
+      for (int64_t b = 0; b < count; ++b) {
+        uint8_t* o = dst + (g0 + b) * bytes;
+        if constexpr (F == quant::Format::q8_0) QuantsQ8_0(blocks[b], id[b], reinterpret_cast<int8_t*>(o + 2));
+        else QuantsQ4_0(blocks[b], id[b], o + 2);
+        quant::store_scale(o, to_float16(d[b]));
       }
-      uint8_t* o = dst + g * bytes;
-      float d;
-      if constexpr (F == quant::Format::q8_0)
-        d = QuantizeBlockQ8_0(block, reinterpret_cast<int8_t*>(o + 2));
-      else
-        d = QuantizeBlockQ4_0(block, o + 2);
-      quant::store_scale(o, to_float16(d));
-    });
+    }
   });
 }
 

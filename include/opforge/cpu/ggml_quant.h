@@ -38,11 +38,11 @@ inline void store_scale(uint8_t* block, float16 d) {
   block[1] = static_cast<uint8_t>(d.bits >> 8);
 }
 
-// Scales as ggml computes them from the block's absolute maximum (Q8_0) or its signed value
-// of largest magnitude (Q4_0), in float32; the quants divide by these unrounded values while
-// the block stores them rounded to fp16.
+// Scales as ggml computes them from the block's absolute maximum (Q8_0: amax / 127) or its
+// signed value of largest magnitude (Q4_0: max / -8), in float32; the quants multiply by the
+// inverse of these unrounded values while the block stores them rounded to fp16. The CPU
+// kernels compute them a group of blocks at a time (cpu/ggml_quant-inl.h: GroupScales).
 inline float scale_q8_0(float amax) { return amax / 127.0f; }
-inline float scale_q4_0(float max) { return max / -8.0f; }
 inline float inverse_scale(float d) { return d != 0.0f ? 1.0f / d : 0.0f; }
 
 // Calls fn(g, p) for blocks g in [begin, end) of t ([..., k], any strides), the blocks being

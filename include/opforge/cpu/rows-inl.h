@@ -10,6 +10,7 @@
 #define OPFORGE_CPU_ROWS_INL_H_
 #endif
 
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -85,6 +86,25 @@ const T* RowOf(const T* base, const std::vector<int64_t>& shape, const std::vect
   buf.resize(n);
   for (int64_t i = 0; i < n; ++i) buf[i] = row[i * step];
   return buf.data();
+}
+
+// Row r + 1 of t when the chunk [.., end) holds it and its elements are adjacent, else nullptr:
+// what a row kernel hands to PrefetchBytes while it computes on row r.
+template <typename T>
+const T* NextRowOf(const TensorView& t, int64_t r, int64_t end, int64_t n) {
+  if (r + 1 >= end || t.strides.back() != 1) return nullptr;
+  return t.data_as<const T>() +
+         offset_of(r + 1, t.shape.data(), t.strides.data(), static_cast<int64_t>(t.shape.size()) - 1);
+}
+
+// Asks the cache for [p, p + bytes), a prefetch per 64-byte line. A kernel whose passes over a
+// row are compute-bound spreads the next row's lines over them, so that row's read from memory
+// overlaps this row's arithmetic instead of following it (the hardware prefetcher only runs a
+// few lines ahead of demand misses, and the compute passes make none).
+HWY_INLINE void PrefetchBytes(const void* p, int64_t bytes) {
+  if (p == nullptr) return;
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) hwy::Prefetch(c + o);
 }
 
 // Row r of t (rank >= 1, last dim n); RowOf(weight, 0, n, buf) makes a rank-1 weight contiguous.
