@@ -418,6 +418,20 @@ def test_import_torch_autoloads_forge():
     assert out.returncode == 0 and out.stdout.split() == ["True", "True"], out.stderr[-2000:]
 
 
+def test_broken_opforge_does_not_break_import_torch(tmp_path):
+    # An opforge package that raises on import, found first on the path: torch still imports,
+    # with a warning naming the cause, and without the device.
+    (tmp_path / "opforge").mkdir()
+    (tmp_path / "opforge" / "__init__.py").write_text("raise ImportError('opforge is broken here')\n")
+    (tmp_path / "opforge" / "libopforge_forge.version").write_text(torch.__version__)
+    code = "import torch\nprint(hasattr(torch, 'forge'))\n"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 0 and out.stdout.split() == ["False"], out.stderr[-2000:]
+    assert "the forge device was not enabled (ImportError: opforge is broken here)" in out.stderr
+
+
 def test_built_for_other_torch_is_an_import_error(monkeypatch):
     monkeypatch.setattr(torch, "__version__", "1.0.0")
     with pytest.raises(ImportError, match="built for torch .* and this is torch 1.0.0"):

@@ -1,8 +1,11 @@
 """The ``torch.backends`` entry point of the forge device: ``import torch`` alone enables it.
 
 It must never break ``import torch``: where this opforge has no forge library, or one built for
-another torch, it does nothing; any other failure becomes a warning. TORCH_DEVICE_BACKEND_AUTOLOAD=0
-(torch's switch) or OPFORGE_FORGE_AUTOLOAD=0 skips it; ``import opforge.forge`` still works then.
+another torch, it does nothing; any other failure, a broken ``opforge`` package included, becomes
+a warning. That is why it lives outside the ``opforge`` package: an entry point inside it would
+run ``opforge/__init__.py`` before any guard here could catch what that raises, and torch turns an
+entry point's exception into a failed ``import torch``. TORCH_DEVICE_BACKEND_AUTOLOAD=0 (torch's
+switch) or OPFORGE_FORGE_AUTOLOAD=0 skips it; ``import opforge.forge`` still works then.
 """
 
 from __future__ import annotations
@@ -16,7 +19,12 @@ def load() -> None:
     if os.environ.get("OPFORGE_FORGE_AUTOLOAD", "1") == "0":
         return
     try:
-        version_file = Path(__file__).with_name("libopforge_forge.version")
+        import importlib.util
+
+        spec = importlib.util.find_spec("opforge")  # locates the package without running it
+        if spec is None or not spec.submodule_search_locations:
+            return
+        version_file = Path(next(iter(spec.submodule_search_locations))) / "libopforge_forge.version"
         if not version_file.exists():
             return
         import torch
