@@ -3,6 +3,7 @@
 // scalar-broadcast) become one long row that SIMD code takes whole.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -60,17 +61,32 @@ void for_each_row(std::vector<int64_t> shape, std::array<std::vector<int64_t>, N
   int64_t total = 1;
   for (int64_t s : dims) total *= s;
   parallel_for(total, grain, [&](int64_t begin, int64_t end) {
-    int64_t pos = begin;
-    while (pos < end) {
-      const int64_t row = pos / inner, col = pos % inner;
+    // The chunk's first row is found by division; later rows by stepping an odometer over the
+    // outer dimensions. Divisions per row (one per operand) cost as much as a short row's work.
+    int64_t row = begin / inner, col = begin % inner;
+    std::vector<int64_t> index(rank - 1);
+    for (int64_t d = rank - 2, rest = row; d >= 0; --d) {
+      index[d] = rest % dims[d];
+      rest /= dims[d];
+    }
+    std::array<int64_t, N> start;
+    for (size_t k = 0; k < N; ++k) start[k] = offset_of(row, dims.data(), st[k].data(), rank - 1);
+    for (int64_t pos = begin; pos < end;) {
       Row<N> r;
       r.len = std::min(inner - col, end - pos);
       for (size_t k = 0; k < N; ++k) {
         r.inner[k] = st[k].back();
-        r.offsets[k] = offset_of(row, dims.data(), st[k].data(), rank - 1) + col * r.inner[k];
+        r.offsets[k] = start[k] + col * r.inner[k];
       }
       fn(r);
       pos += r.len;
+      col = 0;
+      for (int64_t d = rank - 2; d >= 0; --d) {
+        for (size_t k = 0; k < N; ++k) start[k] += st[k][d];
+        if (++index[d] < dims[d]) break;
+        for (size_t k = 0; k < N; ++k) start[k] -= st[k][d] * dims[d];
+        index[d] = 0;
+      }
     }
   });
 }
