@@ -23,7 +23,6 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "opforge/cpu/ggml_quant.h"
 #include "opforge/cpu/simd-inl.h"
@@ -57,21 +56,28 @@ HWY_INLINE V Rounded(V v) {
   return v;
 }
 
+// An integral float v (|v| < 2^22) as uint32 lanes whose low byte is v's two's-complement byte:
+// 1.5 * 2^23 + v holds v in its low mantissa bits, exactly. Cheaper than a float -> int
+// conversion, to which Highway adds overflow fix-ups on x86 that cost as much as the rest.
+template <class D, class V>
+HWY_INLINE auto IntegralLowBits(D d, V v) {
+  return hn::BitCast(hn::RebindToUnsigned<D>(), hn::Add(v, hn::Set(d, 12582912.0f)));
+}
+
 // Q8_0 quants q = roundf(x * id) into q[0..31].
 template <typename T>
 HWY_INLINE void QuantsQ8_0(const T* HWY_RESTRICT x, float id, int8_t* HWY_RESTRICT q) {
   const hn::ScalableTag<float> df;
-  const hn::Rebind<int32_t, decltype(df)> di;
-  const hn::Rebind<int8_t, decltype(df)> d8;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
   const auto vid = hn::Set(df, id);
-  const auto half = hn::Set(df, 0.5f), one = hn::Set(df, 1.0f);
+  // roundf(p) = trunc(p + copysign(0.5 - 2^-25, p)) for every float |p| < 128 (checked on all
+  // of them): the sum is exact or rounds without crossing an integer, and the constant's last
+  // bit keeps p = 0.5 - 2^-25 from summing to 1.
+  const auto half_down = hn::Set(df, 0x1.fffffep-2f);
   for (int64_t i = 0; i < quant::kBlock; i += static_cast<int64_t>(hn::Lanes(df))) {
-    const auto p = hn::Mul(LoadAs(df, x + i), vid);
-    const auto t = hn::Trunc(p);
-    // roundf: away from zero when |p| >= |t| + 0.5 (exact: |t| < 2^23 or p is integral).
-    const auto up = hn::Ge(hn::Abs(p), hn::Add(hn::Abs(t), half));
-    const auto r = hn::IfThenElse(up, hn::Add(t, hn::CopySign(one, p)), t);
-    hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, r)), d8, q + i);
+    const auto p = Rounded(hn::Mul(LoadAs(df, x + i), vid));
+    const auto r = hn::Trunc(hn::Add(p, hn::CopySign(half_down, p)));
+    hn::StoreU(hn::TruncateTo(d8, IntegralLowBits(df, r)), d8, reinterpret_cast<uint8_t*>(q + i));
   }
 }
 
@@ -81,17 +87,15 @@ template <typename T>
 HWY_INLINE void QuantsQ4_0(const T* HWY_RESTRICT x, float id, uint8_t* HWY_RESTRICT qs) {
   constexpr int64_t kHalf = quant::kBlock / 2;
   const hn::CappedTag<float, kHalf> df;
-  const hn::Rebind<int32_t, decltype(df)> di;
   const hn::Rebind<uint8_t, decltype(df)> d8;
-  const auto vid = hn::Set(df, id), shift = hn::Set(df, 8.5f);
-  const auto top = hn::Set(di, 15);
-  // x * id + 8.5 >= 0.5 (|x * id| <= 8), so the conversion's truncation is the int8 cast.
+  const auto vid = hn::Set(df, id), shift = hn::Set(df, 8.5f), top = hn::Set(df, 15.0f);
+  // x * id + 8.5 >= 0.5 (|x * id| <= 8), so Trunc is the int8 cast.
   const auto quantize = [&](const T* p) {
-    return hn::Min(hn::ConvertTo(di, hn::Add(Rounded(hn::Mul(LoadAs(df, p), vid)), shift)), top);
+    return IntegralLowBits(df, hn::Min(hn::Trunc(hn::Add(Rounded(hn::Mul(LoadAs(df, p), vid)), shift)), top));
   };
   for (int64_t j = 0; j < kHalf; j += static_cast<int64_t>(hn::Lanes(df))) {
     const auto packed = hn::Or(quantize(x + j), hn::ShiftLeft<4>(quantize(x + j + kHalf)));
-    hn::StoreU(hn::DemoteTo(d8, packed), d8, qs + j);
+    hn::StoreU(hn::TruncateTo(d8, packed), d8, qs + j);
   }
 }
 
@@ -109,10 +113,9 @@ HWY_INLINE float SignedMaxQ4_0(const T* HWY_RESTRICT x, uint32_t amax) {
   for (size_t i = 0; i < quant::kBlock; i += lanes) {
     const auto bits = hn::And(hn::BitCast(du, LoadAs(dv, x + i)), hn::Set(du, 0x7fffffffu));
     uint8_t mask[8] = {};
-    hn::StoreMaskBits(du, hn::Eq(bits, hn::Set(du, amax)), mask);
-    uint32_t word;
-    std::memcpy(&word, mask, sizeof(word));
-    hits |= word << i;
+    const size_t bytes = hn::StoreMaskBits(du, hn::Eq(bits, hn::Set(du, amax)), mask);
+    // Byte by byte: a wider load than the mask's store could not be forwarded from it.
+    for (size_t b = 0; b < bytes; ++b) hits |= uint32_t{mask[b]} << (i + 8 * b);
   }
   return ToCompute(x[hwy::Num0BitsBelowLS1Bit_Nonzero32(hits)]);
 }
