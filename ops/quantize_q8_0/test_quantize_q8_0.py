@@ -48,6 +48,19 @@ def test_rounding_ties_and_zero_blocks(simd_target):
     assert not got[34:].any()
 
 
+def test_rounding_next_to_ties(simd_target):
+    # The floats on either side of n + 0.5 with id = 1 (amax 127): the kernel's roundf adds
+    # 0.5 - 2^-25 and truncates, which must not round 0.49999997 up to 1, nor any other
+    # value across an integer.
+    ties = np.arange(0.5, 127.0, 4.0, dtype=np.float32)[:31]
+    for toward in (0.0, np.inf):
+        x = np.nextafter(ties, np.float32(toward)) * np.where(np.arange(31) % 2, -1, 1).astype(np.float32)
+        x = np.concatenate([x, [127.0]]).astype(np.float32)
+        got = opforge.quantize_q8_0(x)
+        np.testing.assert_array_equal(got, ggml_q8_0(x))
+        assert list(got[2:4].view(np.int8)) == ([0, -4] if toward == 0.0 else [1, -5])
+
+
 def roundf(p):
     t = np.trunc(p)
     return t + np.where(np.abs(p - t) >= 0.5, np.sign(p), 0)
