@@ -129,6 +129,10 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   try {
     const bool grad_mode = at::GradMode::is_enabled();
     OpInputs inputs;
+    size_t tensor_args = 0;
+    for (const auto& spec : specs) tensor_args += spec.kind == ArgKind::tensor || spec.kind == ArgKind::optional_tensor;
+    inputs.tensors.reserve(tensor_args);
+    if (tensor_args < specs.size()) inputs.attrs.reserve(specs.size() - tensor_args);
     for (size_t i = 0; i < specs.size(); ++i) {
       PyObject* value = args[i];
       switch (specs[i].kind) {
@@ -171,6 +175,8 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     const Selection selection = select_kernel(op, inputs);
     std::vector<at::Tensor> outputs;
     std::vector<TensorView> views;
+    outputs.reserve(results.size());
+    views.reserve(results.size());
     for (const OutputSpec& spec : results) {
       TensorView view{nullptr, spec.dtype, Device{DeviceType::cpu, 0}, spec.shape, contiguous_strides(spec.shape)};
       outputs.push_back(allocate(*selection.backend, view));
