@@ -5,9 +5,9 @@
 Overhead: add on 1-element float32 tensors, median µs per call (medians over batches of calls,
 the paths interleaved so machine noise hits them alike), ratio to torch.add and to the same
 native op called through torch.ops (torch.ops.aten.add.Tensor, the like-for-like dispatcher
-entry). Paths: torch.ops.opforge.add (the dispatcher, then opforge's autograd kernel, which is
-Python: the stable ABI has no C++ autograd), opforge.torch.add (skips that kernel when no input
-requires grad), opforge.add (the generic DLPack call), and each under torch.inference_mode
+entry). Paths: torch.ops.opforge.add (the dispatcher, then opforge's C++ autograd kernel from
+libopforge_torch_native, then the stable-ABI CPU kernel), opforge.torch.add (the direct call:
+plain CPU tensors that need no gradient go straight to opforge's validator and kernel), opforge.add (the generic DLPack call), and each under torch.inference_mode
 (no autograd key at all).
 
 Throughput: each op with a torch reference at 4096x4096 float32 (64 MiB per input), opforge

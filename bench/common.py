@@ -16,12 +16,18 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
-def median_seconds(fn, repeats: int = 20, warmup: int = 2, sync=lambda r: r, settle: float = 0.2) -> float:
+def median_seconds(fn, repeats: int = 20, warmup: int = 2, sync=lambda r: r, settle: float = 0.2,
+                   warm_seconds: float = 0.05) -> float:
     # Thread pools spin for a while after their last job (OpenMP's, XLA's, OpenBLAS's, ours):
     # a pause first, so each implementation starts on cores the previous one has let go of.
     time.sleep(settle)
-    for _ in range(warmup):
+    # Then calls until the cores are awake again: after the pause the first calls of a small op
+    # take 10-30x their steady time on this VM (idle vCPUs, cold caches), for every library alike.
+    start = time.perf_counter()
+    done = 0
+    while done < warmup or time.perf_counter() - start < warm_seconds:
         sync(fn())
+        done += 1
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
