@@ -7,8 +7,8 @@ the paths interleaved so machine noise hits them alike), ratio to torch.add and 
 native op called through torch.ops (torch.ops.aten.add.Tensor, the like-for-like dispatcher
 entry). Paths: torch.ops.opforge.add (the dispatcher, then opforge's C++ autograd kernel from
 libopforge_torch_native, then the stable-ABI CPU kernel), opforge.torch.add (the direct call:
-plain CPU tensors that need no gradient go straight to opforge's validator and kernel), opforge.add (the generic DLPack call), and each under torch.inference_mode
-(no autograd key at all).
+plain CPU tensors that need no gradient go straight to opforge's validator and kernel),
+opforge.add (the generic DLPack call), and each under torch.inference_mode (no autograd key).
 
 Throughput: each op with a torch reference at 4096x4096 float32 (64 MiB per input), opforge
 through torch.ops.opforge against the reference in torch eager, on the same thread count: GB/s
