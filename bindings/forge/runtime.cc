@@ -333,6 +333,26 @@ HostAccess::~HostAccess() {
 
 // ---- streams -----------------------------------------------------------------------------
 
+namespace {
+
+// The worker and synchronize() poll this long before blocking: a futex hand-off between two
+// threads costs tens of microseconds on a VM whose idle vCPU must be woken, more than a small
+// op, and back-to-back work (queue, synchronize, queue) finds the other side still polling.
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+template <class F>
+void spin_until(const F& done) {
+  const auto stop = std::chrono::steady_clock::now() + kSpin;
+  for (int i = 1; !done(); ++i) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+    if (i % 64 == 0 && std::chrono::steady_clock::now() > stop) return;
+  }
+}
+
+}  // namespace
+
 Stream::Stream(int device, int64_t id) : device_(device), id_(id) {
   // Detached: the worker sleeps on the condition variable until the process ends.
   std::thread([this] { run(); }).detach();
@@ -350,6 +370,9 @@ void Stream::enqueue(std::function<void()> task) {
 void Stream::run() {
   for (;;) {
     std::function<void()> task;
+    spin_until([&] {
+      return submitted_.load(std::memory_order_acquire) != finished_.load(std::memory_order_relaxed);
+    });
     {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return !queue_.empty(); });
@@ -377,8 +400,9 @@ void Stream::run() {
 }
 
 void Stream::synchronize() {
+  const uint64_t target = submitted_.load(std::memory_order_acquire);
+  spin_until([&] { return finished_.load(std::memory_order_acquire) >= target; });
   std::unique_lock<std::mutex> lock(mutex_);
-  const uint64_t target = submitted_;
   idle_.wait(lock, [&] { return finished_ >= target; });
   if (!error_.empty()) {
     std::string error = std::move(error_);

@@ -12,6 +12,7 @@
 #include <ATen/Tensor.h>
 #include <c10/core/CachingDeviceAllocator.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -111,7 +112,8 @@ class Stream {
   std::mutex mutex_;
   std::condition_variable wake_, idle_;
   std::vector<std::function<void()>> queue_;
-  uint64_t submitted_ = 0, finished_ = 0;
+  // Written under mutex_; atomic so that the worker and synchronize() may poll them without it.
+  std::atomic<uint64_t> submitted_ = 0, finished_ = 0;
   std::string error_;
 };
 
