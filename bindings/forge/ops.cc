@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "bindings/common/aten_dtype.h"
 #include "opforge/dispatch.h"
 #include "opforge/registry.h"
 #include "runtime.h"
@@ -13,35 +14,8 @@ namespace opforge::forge {
 
 namespace {
 
-std::optional<DType> dtype_of(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::float32;
-    case at::kDouble: return DType::float64;
-    case at::kHalf: return DType::float16;
-    case at::kBFloat16: return DType::bfloat16;
-    case at::kChar: return DType::int8;
-    case at::kByte: return DType::uint8;
-    case at::kInt: return DType::int32;
-    case at::kLong: return DType::int64;
-    case at::kBool: return DType::boolean;
-    default: return std::nullopt;
-  }
-}
-
-at::ScalarType scalar_type_of(DType t) {
-  switch (t) {
-    case DType::float32: return at::kFloat;
-    case DType::float64: return at::kDouble;
-    case DType::float16: return at::kHalf;
-    case DType::bfloat16: return at::kBFloat16;
-    case DType::int8: return at::kChar;
-    case DType::uint8: return at::kByte;
-    case DType::int32: return at::kInt;
-    case DType::int64: return at::kLong;
-    case DType::boolean: return at::kBool;
-  }
-  TORCH_CHECK(false, "forge: no torch dtype for opforge dtype ", dtype_name(t));
-}
+using aten::dtype_of;
+using aten::scalar_type_of;
 
 std::string device_text(const at::Tensor& t) {
   return t.is_privateuseone() ? "forge:" + std::to_string(t.device().index()) : t.device().str();

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/common/aten_dtype.h"
 #include "opforge/backend.h"
 #include "opforge/dispatch.h"
 #include "opforge/registry.h"
@@ -25,41 +26,14 @@ namespace opforge::torch_native {
 
 namespace {
 
+using aten::dtype_of;
+using aten::scalar_type_of;
+
 // One op's direct entry: its declaration and the torch op to fall back on.
 struct Entry {
   const OpDef* op;
   PyObject* overload;  // strong reference
 };
-
-std::optional<DType> dtype_of(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat: return DType::float32;
-    case at::kDouble: return DType::float64;
-    case at::kHalf: return DType::float16;
-    case at::kBFloat16: return DType::bfloat16;
-    case at::kChar: return DType::int8;
-    case at::kByte: return DType::uint8;
-    case at::kInt: return DType::int32;
-    case at::kLong: return DType::int64;
-    case at::kBool: return DType::boolean;
-    default: return std::nullopt;
-  }
-}
-
-at::ScalarType scalar_type_of(DType dtype) {
-  switch (dtype) {
-    case DType::float32: return at::kFloat;
-    case DType::float64: return at::kDouble;
-    case DType::float16: return at::kHalf;
-    case DType::bfloat16: return at::kBFloat16;
-    case DType::int8: return at::kChar;
-    case DType::uint8: return at::kByte;
-    case DType::int32: return at::kInt;
-    case DType::int64: return at::kLong;
-    case DType::boolean: return at::kBool;
-  }
-  return at::kFloat;
-}
 
 // Keys that mean "someone else must see this call": on a tensor, subclasses and FakeTensors
 // (Python), functionalization, functorch's vmap/grad wrappers; in the thread's included set,
