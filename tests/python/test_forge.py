@@ -3,7 +3,6 @@ own pool and whose work runs on its own streams. Every result is checked against
 computation on CPU tensors; errors are checked by type and message.
 """
 
-import importlib
 import os
 import subprocess
 import sys
@@ -20,43 +19,12 @@ if not (Path(opforge.__file__).parent / "libopforge_forge.so").exists():
 
 import opforge.forge as forge  # noqa: E402
 
-OPS = opforge._core.op_names()
-CORE = {name: opforge._core.op(name) for name in OPS}
-FORWARD_OF = {CORE[n].backward[0]: n for n in OPS if CORE[n].backward}
-WITH_REFERENCE = [n for n in OPS if importlib.util.find_spec(f"opforge.references.{n}") is not None]
-
-
-def tensor_names(name):
-    return [a["name"] for a in CORE[name].args if a["kind"].startswith("Tensor")]
+from op_samples import CORE, FORWARD_OF, OPS, WITH_REFERENCE, sample  # noqa: E402
 
 
 def first_dtype(name):
     dtypes = next(a for a in CORE[name].args if a["kind"].startswith("Tensor"))["dtypes"]
     return "float32" if "float32" in dtypes else dtypes[0]
-
-
-def sample(name, rng, dtype):
-    """CPU tensors (schema order) and attrs for `name`, from its reference's sample (a backward
-    op without one: from its forward op's sample, as tests/python/test_torch.py does)."""
-    if name in WITH_REFERENCE:
-        arrays, attrs = importlib.import_module(f"opforge.references.{name}").sample(rng, rows=5, cols=33)
-
-        def convert(a):
-            a = np.asarray(a)
-            if a.dtype != np.float64:
-                return torch.from_numpy(a)
-            if dtype.startswith("int"):
-                a = rng.integers(-1000, 1000, a.shape)
-            return torch.from_numpy(a).to(getattr(torch, dtype))
-
-        return [convert(a) for a in arrays], attrs
-    forward = FORWARD_OF[name]
-    args, attrs = sample(forward, rng, dtype)
-    result = getattr(torch.ops.opforge, forward)(*args, **attrs)
-    values = {**dict(zip(tensor_names(forward), args)), "result": result,
-              "grad": torch.from_numpy(rng.standard_normal(tuple(result.shape))).to(result.dtype)}
-    taken = {a["name"] for a in CORE[name].args}
-    return [values[n] for n in tensor_names(name)], {k: v for k, v in attrs.items() if k in taken}
 
 
 def as_tuple(x):

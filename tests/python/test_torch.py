@@ -5,7 +5,6 @@ Inputs come from each op's reference (opforge.references.<name>.sample); a backw
 one is fed from its forward op's sample (the cotangent drawn like the forward result).
 """
 
-import importlib
 import inspect
 import os
 import re
@@ -22,61 +21,13 @@ import torch._dynamo  # noqa: E402
 from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-import opforge  # noqa: E402
 import opforge.torch as ot  # noqa: E402
 from harness import FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, strided  # noqa: E402
+from op_samples import CORE, OPS, WITH_REFERENCE, dtypes, reference, sample  # noqa: E402
 
-OPS = opforge._core.op_names()
-CORE = {name: opforge._core.op(name) for name in OPS}
-FORWARD_OF = {CORE[n].backward[0]: n for n in OPS if CORE[n].backward}
 DIFFERENTIABLE = [n for n in OPS if CORE[n].backward]
-WITH_REFERENCE = [n for n in OPS if importlib.util.find_spec(f"opforge.references.{n}") is not None]
 ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICES = ["cpu", pytest.param("cuda", marks=ON_CUDA)]
-
-
-def reference(name):
-    return importlib.import_module(f"opforge.references.{name}")
-
-
-def tensor_names(name):
-    return [a["name"] for a in CORE[name].args if a["kind"].startswith("Tensor")]
-
-
-def dtypes(name):
-    return next(a for a in CORE[name].args if a["kind"].startswith("Tensor"))["dtypes"]
-
-
-def sample(name, rng, dtype, rows=5, cols=33, grad=False, device="cpu"):
-    """(tensors in schema order, attrs) for `name` in `dtype` on `device`; with grad, the
-    declared differentiable inputs require grad."""
-    if name in WITH_REFERENCE:
-        arrays, attrs = reference(name).sample(rng, rows=rows, cols=cols)
-
-        def convert(a):  # float64 data becomes `dtype`; indices and such keep their own dtype
-            a = np.asarray(a)
-            if a.dtype != np.float64:
-                return torch.from_numpy(a)
-            if dtype.startswith("int"):
-                a = rng.integers(-1000, 1000, a.shape)
-            return torch.from_numpy(a).to(getattr(torch, dtype))
-
-        tensors = [convert(a).to(device) for a in arrays]
-    elif name in FORWARD_OF:
-        forward = FORWARD_OF[name]
-        args, attrs = sample(forward, rng, dtype, rows, cols, device=device)
-        result = getattr(torch.ops.opforge, forward)(*args, **attrs)
-        values = {**dict(zip(tensor_names(forward), args)), "result": result,
-                  "grad": torch.from_numpy(rng.standard_normal(tuple(result.shape))).to(result.dtype).to(device)}
-        tensors = [values[n] for n in tensor_names(name)]
-        taken = {a["name"] for a in CORE[name].args}  # scatter_add_backward takes dim, not dim_size
-        attrs = {k: v for k, v in attrs.items() if k in taken}
-    else:
-        pytest.skip(f"{name} has no reference and is no op's backward")
-    wanted = CORE[name].backward[1] if grad and CORE[name].backward else []
-    for n, t in zip(tensor_names(name), tensors):
-        t.requires_grad_(n in wanted)
-    return tensors, attrs
 
 
 @pytest.mark.parametrize("device", DEVICES)
