@@ -252,22 +252,28 @@ c10::CachingDeviceAllocator::DeviceStats Allocator::getDeviceStats(c10::DeviceIn
   return pool().stats[device];
 }
 
+namespace {
+
+// fn(stat) for every counter of a device's statistics (all pools of each kind).
+template <class F>
+void for_each_stat(c10::CachingDeviceAllocator::DeviceStats& s, const F& fn) {
+  for (auto* kind : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
+                     &s.requested_bytes})
+    for (auto& stat : *kind) fn(stat);
+}
+
+}  // namespace
+
 void Allocator::resetAccumulatedStats(c10::DeviceIndex device) {
   check_device(device, "reset_accumulated_memory_stats");
   std::lock_guard<std::mutex> lock(pool().mutex);
-  auto& s = pool().stats[device];
-  for (auto* a : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                  &s.requested_bytes})
-    for (auto& stat : *a) stat.reset_accumulated();
+  for_each_stat(pool().stats[device], [](c10::CachingAllocator::Stat& stat) { stat.reset_accumulated(); });
 }
 
 void Allocator::resetPeakStats(c10::DeviceIndex device) {
   check_device(device, "reset_peak_memory_stats");
   std::lock_guard<std::mutex> lock(pool().mutex);
-  auto& s = pool().stats[device];
-  for (auto* a : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                  &s.requested_bytes})
-    for (auto& stat : *a) stat.reset_peak();
+  for_each_stat(pool().stats[device], [](c10::CachingAllocator::Stat& stat) { stat.reset_peak(); });
 }
 
 std::pair<size_t, size_t> Allocator::getMemoryInfo(c10::DeviceIndex device) {
