@@ -103,8 +103,7 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   try {
     const bool grad_mode = at::GradMode::is_enabled();
     OpInputs inputs;
-    size_t tensor_args = 0;
-    for (const auto& spec : specs) tensor_args += spec.kind == ArgKind::tensor || spec.kind == ArgKind::optional_tensor;
+    const auto tensor_args = static_cast<size_t>(op.schema().num_tensor_args());
     inputs.tensors.reserve(tensor_args);
     if (tensor_args < specs.size()) inputs.attrs.reserve(specs.size() - tensor_args);
     for (size_t i = 0; i < specs.size(); ++i) {
