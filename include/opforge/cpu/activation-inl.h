@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "opforge/cpu/exp-inl.h"
+#include "opforge/cpu/piecewise-inl.h"
 #include "opforge/cpu/simd-inl.h"
 #include "opforge/cpu/strided.h"
 #include "opforge/cpu/visit.h"
@@ -60,11 +61,24 @@ HWY_INLINE V Reciprocal(D d, V a) {
   }
 }
 
-// sigmoid(x) and sigmoid(-x) = 1 - sigmoid(x), both without cancellation: from e = exp(-|x|),
-// one is 1 / (1 + e) and the other e / (1 + e).
+// sigmoid(x) and sigmoid(-x) = 1 - sigmoid(x), both without cancellation: the tabulated
+// sigmoid(-|x|) and 1 minus it when every lane is inside the table's range; otherwise, from
+// e = exp(-|x|), 1 / (1 + e) and e / (1 + e).
 template <class D, class V>
 HWY_INLINE void SigmoidPair(D d, V x, V& s, V& s_neg) {
   const V one = Splat(d, 1.0);
+  if constexpr (kHasPiecewiseTables<D>) {
+    using Table = SigmoidLeftTable<static_cast<int>(hn::MaxLanes(D()))>;
+    const V a = hn::Abs(x);
+    if (HWY_LIKELY(AllInTable(d, a, Table::kRange))) {
+      const V left = Piecewise<Table>(d, a);  // sigmoid(-|x|)
+      const V right = hn::Sub(one, left);
+      const auto negative = hn::Lt(x, hn::Zero(d));
+      s = hn::IfThenElse(negative, left, right);
+      s_neg = hn::IfThenElse(negative, right, left);
+      return;
+    }
+  }
   const V e = ExpNonPositiveMagic(d, hn::Neg(hn::Abs(x)));
   const V r = Reciprocal(d, hn::Add(one, e));
   const V q = hn::Mul(e, r);
@@ -73,12 +87,12 @@ HWY_INLINE void SigmoidPair(D d, V x, V& s, V& s_neg) {
   s_neg = hn::IfThenElse(pos, q, r);
 }
 
-// The standard normal CDF, Phi(x) = erfc(-x / sqrt(2)) / 2. float: erfc(|z|) by Numerical
-// Recipes' erfcc (Chebyshev fit, relative error below 1.2e-7 on all of [0, inf)), so Phi keeps
-// its relative accuracy in the far left tail. double: std::erfc lane by lane (Highway 1.0.3 has
-// no vector erf; float64 needs ~1e-15).
+// The standard normal CDF, Phi(x) = erfc(-x / sqrt(2)) / 2, for any x. float: erfc(|z|) by
+// Numerical Recipes' erfcc (Chebyshev fit, relative error below 1.2e-7 on all of [0, inf)), so
+// Phi keeps its relative accuracy in the far left tail; about 40 operations. double: std::erfc
+// lane by lane (Highway 1.0.3 has no vector erf; float64 needs ~1e-15).
 template <class D, class V>
-HWY_INLINE V NormalCdf(D d, V x) {
+HWY_INLINE V NormalCdfAnyX(D d, V x) {
   using T = hn::TFromD<D>;
   if constexpr (sizeof(T) == 8) {
     HWY_ALIGN T lanes[HWY_MAX_BYTES / sizeof(T)];
@@ -102,6 +116,22 @@ HWY_INLINE V NormalCdf(D d, V x) {
     const V half_erfc = hn::Mul(h, ExpNonPositiveMagic(d, hn::NegMulAdd(hn::Mul(x, Splat(d, 0.5)), x, p)));
     return hn::IfThenElse(hn::Lt(x, hn::Zero(d)), half_erfc, hn::Sub(Splat(d, 1.0), half_erfc));
   }
+}
+
+// Phi(x): the tabulated polynomials when every lane is inside their range (nearly every vector
+// of typical activations), the erfc path otherwise (NaN included).
+template <class D, class V>
+HWY_INLINE V NormalCdf(D d, V x) {
+  if constexpr (kHasPiecewiseTables<D>) {
+    using Table = NormalCdfLeftTable<static_cast<int>(hn::MaxLanes(D()))>;
+    const V a = hn::Abs(x);
+    if (HWY_LIKELY(AllInTable(d, a, Table::kRange))) {
+      // Phi(x) = 1 - Phi(-x) for x >= 0, where absolute accuracy is relative accuracy.
+      const V left = Piecewise<Table>(d, a);
+      return hn::IfThenElse(hn::Lt(x, hn::Zero(d)), left, hn::Sub(Splat(d, 1.0), left));
+    }
+  }
+  return NormalCdfAnyX(d, x);
 }
 
 // Past these |x| every result equals its limit in float64 and float32 alike.
@@ -150,14 +180,28 @@ struct GeluErf {
   }
 };
 
-// gelu'(x) = Phi(x) + x * phi(x), phi the standard normal density.
+// gelu'(x) = Phi(x) + x * phi(x), phi the standard normal density; Phi and phi from their
+// tables (one lookup of the interval for both) when every lane is inside them.
 struct GeluErfGrad {
   template <class D, class V>
   HWY_INLINE V operator()(D d, V g, V x) const {
+    if constexpr (kHasPiecewiseTables<D>) {
+      constexpr int kLanes = static_cast<int>(hn::MaxLanes(D()));
+      using Cdf = NormalCdfLeftTable<kLanes>;
+      using Pdf = NormalPdfTable<kLanes>;
+      static_assert(Cdf::kRange == Pdf::kRange);
+      const V a = hn::Abs(x);
+      if (HWY_LIKELY(AllInTable(d, a, Cdf::kRange))) {
+        const TablePoint<D> at = LocateInTable(d, a, Cdf::kRange);
+        const V left = EvaluateTable<Cdf>(d, at);
+        const V cdf = hn::IfThenElse(hn::Lt(x, hn::Zero(d)), left, hn::Sub(Splat(d, 1.0), left));
+        return hn::Mul(g, hn::MulAdd(x, EvaluateTable<Pdf>(d, at), cdf));
+      }
+    }
     const V xc = ClampAbs(d, x, kGeluLimit);
     const V density = hn::Mul(ExpNonPositiveMagic(d, hn::Mul(hn::Mul(xc, xc), Splat(d, -0.5))),
                               Splat(d, 0.39894228040143267794));  // 1 / sqrt(2 pi)
-    return hn::Mul(g, hn::MulAdd(xc, density, NormalCdf(d, xc)));
+    return hn::Mul(g, hn::MulAdd(xc, density, NormalCdfAnyX(d, xc)));
   }
 };
 
