@@ -44,13 +44,15 @@ void Rows(const TensorView& q, const TensorView& out) {
   float* dst = out.data_as<float>();
   parallel_for(out.numel() / quant::kBlock, 1024, [&](int64_t begin, int64_t end) {
     uint8_t gathered[34];
-    quant::for_each_block<uint8_t>(q, bytes, begin, end, [&](int64_t g, const uint8_t* block) {
+    quant::BlockCursor<uint8_t> cursor(q, bytes, begin);
+    for (int64_t g = begin; g < end; ++g, cursor.next()) {
+      const uint8_t* block = cursor.get();
       if (inner != 1) {
         for (int64_t j = 0; j < bytes; ++j) gathered[j] = block[j * inner];
         block = gathered;
       }
       Block<F>(block, dst + g * quant::kBlock);
-    });
+    }
   });
 }
 

@@ -35,7 +35,9 @@ void QuantizeActivations(const TensorView& x, int64_t m, int64_t nb, QuantizedX&
   const int64_t inner = x.stride(-1);
   parallel_for(m * nb, 512, [&](int64_t begin, int64_t end) {
     T gathered[quant::kBlock];
-    quant::for_each_block<T>(x, quant::kBlock, begin, end, [&](int64_t g, const T* block) {
+    quant::BlockCursor<T> cursor(x, quant::kBlock, begin);
+    for (int64_t g = begin; g < end; ++g, cursor.next()) {
+      const T* block = cursor.get();
       if (inner != 1) {
         for (int64_t j = 0; j < quant::kBlock; ++j) gathered[j] = block[j * inner];
         block = gathered;
@@ -45,7 +47,7 @@ void QuantizeActivations(const TensorView& x, int64_t m, int64_t nb, QuantizedX&
       int32_t sum = 0;
       for (int64_t j = 0; j < quant::kBlock; ++j) sum += q[j];
       out.sum[g] = sum;
-    });
+    }
   });
 }
 

@@ -157,10 +157,11 @@ void QuantizeRows(const TensorView& x, const TensorView& out) {
     T gathered[kGroup][quant::kBlock];
     const T* blocks[kGroup];
     HWY_ALIGN float max[kGroup] = {}, d[kGroup], id[kGroup];
+    quant::BlockCursor<T> cursor(x, quant::kBlock, begin);
     for (int64_t g0 = begin; g0 < end; g0 += kGroup) {
       const int64_t count = std::min(kGroup, end - g0);
-      quant::for_each_block<T>(x, quant::kBlock, g0, g0 + count, [&](int64_t g, const T* block) {
-        const int64_t b = g - g0;
+      for (int64_t b = 0; b < count; ++b, cursor.next()) {
+        const T* block = cursor.get();
         if (inner != 1) {
           for (int64_t j = 0; j < quant::kBlock; ++j) gathered[b][j] = block[j * inner];
           block = gathered[b];
@@ -169,7 +170,7 @@ void QuantizeRows(const TensorView& x, const TensorView& out) {
         const uint32_t amax = AbsMaxBits(block);
         if constexpr (F == quant::Format::q8_0) max[b] = bits_to_float(amax);
         else max[b] = SignedMaxQ4_0(block, amax);
-      });
+      }
       GroupScales(max, F == quant::Format::q8_0 ? 127.0f : -8.0f, d, id);
       for (int64_t b = 0; b < count; ++b) {
         uint8_t* o = dst + (g0 + b) * bytes;

@@ -45,27 +45,38 @@ inline void store_scale(uint8_t* block, float16 d) {
 inline float scale_q8_0(float amax) { return amax / 127.0f; }
 inline float inverse_scale(float d) { return d != 0.0f ? 1.0f / d : 0.0f; }
 
-// Calls fn(g, p) for blocks g in [begin, end) of t ([..., k], any strides), the blocks being
-// `block` consecutive elements of the last dimension and p the first element of block g (the
-// rest follow at t.stride(-1)). One division per call, not per block.
-template <typename T, typename F>
-void for_each_block(const TensorView& t, int64_t block, int64_t begin, int64_t end, F&& fn) {
-  const int64_t nb = t.size(-1) / block, step = block * t.stride(-1);
-  const T* base = t.data_as<const T>();
-  const auto row_start = [&](int64_t row) {
-    return base + cpu::offset_of(row, t.shape.data(), t.strides.data(), t.rank() - 1);
-  };
-  int64_t row = begin / nb, b = begin % nb;
-  const T* p = row_start(row) + b * step;
-  for (int64_t g = begin; g < end; ++g) {
-    fn(g, p);
-    if (++b < nb) {
-      p += step;
+// Walks the blocks of t ([..., k], any strides) in order from block `begin`, a block being
+// `block` consecutive elements of the last dimension: get() is the current block's first
+// element (the rest follow at t.stride(-1)), next() steps to the following block. One division
+// to start and per row, none per block. A cursor rather than a callback, so the per-target
+// kernels inline it (a generic function cannot inline a target-specific lambda: every block
+// paid a call).
+template <typename T>
+class BlockCursor {
+ public:
+  BlockCursor(const TensorView& t, int64_t block, int64_t begin)
+      : t_(t), nb_(t.size(-1) / block), step_(block * t.stride(-1)), row_(begin / nb_), b_(begin % nb_),
+        p_(row_start(row_) + b_ * step_) {}
+
+  const T* get() const { return p_; }
+
+  void next() {
+    if (++b_ < nb_) {
+      p_ += step_;
     } else {
-      b = 0;
-      p = row_start(++row);
+      b_ = 0;
+      p_ = row_start(++row_);
     }
   }
-}
+
+ private:
+  const T* row_start(int64_t row) const {
+    return t_.data_as<const T>() + cpu::offset_of(row, t_.shape.data(), t_.strides.data(), t_.rank() - 1);
+  }
+
+  const TensorView& t_;
+  int64_t nb_, step_, row_, b_;
+  const T* p_;
+};
 
 }  // namespace opforge::quant
