@@ -40,9 +40,19 @@ HWY_INLINE void AddRow(Compute<T>* HWY_RESTRICT acc, const T* HWY_RESTRICT row, 
   for (; k < len; ++k) acc[k] += ToCompute(row[k]);
 }
 
-// AddRow, also asking the cache for the same columns of a later slice (ahead, or nullptr): each
-// thread reads its column band of src row by row, short runs that leave the hardware prefetcher
-// (which follows demand misses a few lines ahead) behind at every jump to the next row.
+// Asks for the line at p into L2, not L1: L1 holds the accumulator rows, and prefetches into it
+// evict them (measured: 16 buckets x 512 columns, 2 threads, 22 GB/s into L1, 33 GB/s into L2).
+HWY_INLINE void PrefetchToL2(const void* p) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(p, 0, 2);  // prefetcht1 on x86, PLDL2KEEP on Arm
+#else
+  hwy::Prefetch(p);
+#endif
+}
+
+// AddRow, also asking L2 for the same columns of a later slice (ahead, or nullptr): each thread
+// reads its column band of src row by row, short runs that leave the hardware prefetcher (which
+// follows demand misses a few lines ahead) behind at every jump to the next row.
 template <typename T>
 HWY_INLINE void AddRowPrefetching(Compute<T>* HWY_RESTRICT acc, const T* HWY_RESTRICT row, int64_t len,
                                   const T* ahead) {
@@ -50,7 +60,7 @@ HWY_INLINE void AddRowPrefetching(Compute<T>* HWY_RESTRICT acc, const T* HWY_RES
   int64_t k = 0;
   if (ahead)
     for (; k + kLine <= len; k += kLine) {
-      hwy::Prefetch(ahead + k);
+      PrefetchToL2(ahead + k);
       AddRow(acc + k, row + k, kLine);
     }
   AddRow(acc + k, row + k, len - k);
@@ -94,8 +104,10 @@ void Stream(T* dst, const T* data, const scatter::Slices& s, const scatter::Inde
       std::fill(acc, acc + dim_size * l, C(0));
       if (l == 1) {
         for (int64_t i = 0; i < n; ++i) acc[index[i]] += ToCompute(src[i * s.step]);
+      } else if (l == s.step) {  // the slices are back to back: one sequential read, prefetched by hardware
+        for (int64_t i = 0; i < n; ++i) AddRow(acc + index[i] * l, src + i * l, l);
       } else {
-        constexpr int64_t kAhead = 8;  // slices
+        constexpr int64_t kAhead = 16;  // slices: enough bytes in flight to cover memory latency
         for (int64_t i = 0; i < n; ++i)
           AddRowPrefetching(acc + index[i] * l, src + i * s.step, l, i + kAhead < n ? src + (i + kAhead) * s.step : nullptr);
       }
