@@ -53,6 +53,33 @@ def test_ties_sign_and_zero_blocks(simd_target):
     np.testing.assert_array_equal(q, np.concatenate([[-8.0], np.floor(np.arange(-7.5, 8.0, 0.5) + 0.5)]).clip(-8, 7))
 
 
+def test_ties_and_zero_blocks_anywhere_in_a_group(simd_target, rng):
+    # The kernel finds each block's signed maximum 16 blocks at a time and searches a block only
+    # when +a and -a both reach its largest magnitude: such blocks, all-zero blocks of either
+    # sign and ordinary ones, shuffled so that every position in a group sees each kind.
+    blocks = []
+    for kind in rng.permutation(np.repeat(np.arange(6), 20)):
+        b = rng.uniform(-1, 1, 32)
+        a = rng.uniform(0.5, 2)
+        if kind == 0:  # +a first, -a later
+            i, j = np.sort(rng.choice(32, 2, replace=False))
+            b[[i, j]] = [a, -a]
+        elif kind == 1:  # -a first, +a later
+            i, j = np.sort(rng.choice(32, 2, replace=False))
+            b[[i, j]] = [-a, a]
+        elif kind == 2:  # zeros of both signs
+            b = np.where(rng.random(32) < 0.5, -0.0, 0.0)
+        elif kind == 3:  # all -0
+            b = np.full(32, -0.0)
+        elif kind == 4:  # a repeated magnitude of one sign only
+            b[rng.choice(32, 3, replace=False)] = -a
+        blocks.append(b)
+    x = np.concatenate(blocks).astype(np.float32)
+    got = opforge.quantize_q4_0(x)
+    np.testing.assert_array_equal(got, ggml_q4_0(x))
+    np.testing.assert_array_equal(opforge.quantize_q4_0(x[: 32 * 37]), ggml_q4_0(x[: 32 * 37]))  # a short last group
+
+
 def fragile_values(inv):
     """Float32 x whose quant changes if x * inv + 8.5 were computed with one rounding (an FMA)
     instead of ggml's two. Found by walking the floats next to each (n - 8.5) / inv."""
