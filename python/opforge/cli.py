@@ -1,4 +1,4 @@
-"""The `opforge` command: `opforge info` and `opforge tour`."""
+"""The `opforge` command: `opforge info`, `opforge tour` and `opforge new-op`."""
 
 from __future__ import annotations
 
@@ -27,6 +27,27 @@ def _print_info(as_json: bool) -> None:
     print(f"Ops: {', '.join(info['ops'])}")
 
 
+def _new_op(name: str, root: str, backward: bool) -> int:
+    from .scaffold import ScaffoldError, new_op
+
+    try:
+        written = new_op(name, root, backward)
+    except ScaffoldError as e:
+        print(f"opforge {e}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"created {path}")
+    folders = f"ops/{name}" + (f" ops/{name}_backward" if backward else "")
+    print(f"""
+{name} computes x + 1 for now, and its tests pass once built. Next:
+  1. ops/{name}/{name}.cc: the schema, dtypes and shape rule ({name}_backward's too)
+  2. ops/{name}/{name}_cpu.cc and {name}_cuda.cu: the kernels
+  3. ops/{name}/reference.py and test_{name}.py: the references and tests
+  4. pip install --no-build-isolation -q . && python -m pytest {folders}
+CONTRIBUTING.md ("Add an op") says more.""")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="opforge", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -38,11 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     tour.add_argument("--cols", type=int, default=1024)
     tour.add_argument("--repeats", type=int, default=30, help="timed calls per measurement (median)")
     tour.add_argument("--csv", help="also write the table to this CSV file")
+    new = sub.add_parser("new-op", help="start a new op: its folder (and its backward's), from ops/add_one")
+    new.add_argument("name", help="the op's name: lowercase letters, digits, underscores")
+    new.add_argument("--root", default=".", help="the opforge checkout to write into (default: .)")
+    new.add_argument("--no-backward", action="store_true", help="no backward op (and no autograd)")
     args = parser.parse_args(argv)
 
     if args.command == "info":
         _print_info(args.json)
         return 0
+    if args.command == "new-op":
+        return _new_op(args.name, args.root, not args.no_backward)
     from .tour import run_tour
 
     return run_tour(frameworks=args.frameworks.split(","), rows=args.rows, cols=args.cols,
