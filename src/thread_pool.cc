@@ -189,9 +189,14 @@ class Pool {
   std::exception_ptr error_;
 };
 
+// Never destroyed: threads the pool does not own (a forge stream's worker, a framework's own
+// threads) may still be inside a parallel_for while the process exits, and a pool torn down by
+// the static destructors under them would restart its workers into a destroyed vector
+// (std::terminate: "terminate called without an active exception"). The workers block on a
+// condition variable and end with the process.
 Pool& pool() {
-  static Pool p;
-  return p;
+  static Pool* p = new Pool;
+  return *p;
 }
 
 }  // namespace

@@ -475,6 +475,11 @@ void synchronize_device(int device) {
   for (int64_t i = 0; i < n; ++i) stream(device, i).synchronize();
 }
 
+void synchronize_started_streams(int device) {
+  check_device(device, "synchronize");
+  for (int64_t i = 0, n = stream_count(device); i < n; ++i) stream(device, i).synchronize();
+}
+
 // ---- events ------------------------------------------------------------------------------
 
 void EventMark::complete() {

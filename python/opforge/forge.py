@@ -19,6 +19,7 @@ it was built against; any other raises ImportError here.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import sys
@@ -54,7 +55,8 @@ def _load_library() -> ctypes.CDLL:
         ("forge_last_error", [], c_char_p), ("forge_registration_errors", [], c_char_p),
         ("forge_torch_version", [], c_char_p), ("forge_device_count", [], c_int), ("forge_init_error", [], c_char_p),
         ("forge_init", [], c_int), ("forge_current_device", [], c_int), ("forge_set_device", [c_int64], c_int),
-        ("forge_synchronize", [c_int64], c_int), ("forge_memory_stat", [c_int64, c_int], c_int64),
+        ("forge_synchronize", [c_int64], c_int), ("forge_synchronize_started", [c_int64], c_int),
+        ("forge_memory_stat", [c_int64, c_int], c_int64),
         ("forge_reset_peak", [c_int64], c_int), ("forge_empty_cache", [], None), ("forge_set_caching", [c_int], None),
         ("forge_caching", [], c_int), ("forge_protection", [], c_int), ("forge_set_fallback_mode", [c_int], None),
         ("forge_fallback_mode", [], c_int), ("forge_clear_fallback_ops", [], None), ("forge_fallback_ops", [], c_char_p),
@@ -386,5 +388,18 @@ def initial_seed() -> int:
 
 # ---- loading -----------------------------------------------------------------------------------
 
+def _drain_at_exit() -> None:
+    """Waits, as Python exits, for the work queued on every forge stream. A stream's worker drops
+    each finished task's tensors, and dropping the last reference to a tensor that has a Python
+    object takes the GIL: a thread asking for the GIL while the interpreter finalizes is ended
+    inside that destructor, and the process aborts ("terminate called without an active
+    exception"). Like an asynchronous device error nobody synchronized on, a failed task is
+    reported on stderr, not raised."""
+    for device in range(_lib.forge_device_count()):
+        if _lib.forge_synchronize_started(device) < 0:  # ctypes releases the GIL: the worker can finish
+            print(f"opforge.forge: at exit: {_lib.forge_last_error().decode()}", file=sys.stderr)
+
+
 _lib = _load_library()
 _register_backend()
+atexit.register(_drain_at_exit)
