@@ -23,7 +23,6 @@ import atexit
 import contextlib
 import ctypes
 import sys
-import warnings
 from pathlib import Path
 
 import torch
