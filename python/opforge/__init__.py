@@ -31,6 +31,12 @@ from ._core import (
 
 __version__ = _core.__version__
 
+from .plugins import PluginError, build_plugin, load_from_environment as _load_plugins  # noqa: E402
+
+# Ops compiled apart from this build (opforge.build_plugin), loaded before the functions below
+# are made so that they are opforge ops like the rest; their registration errors surface here too.
+plugins = _load_plugins()
+
 if _core.registration_errors():
     raise ImportError("opforge: some ops failed to register:\n  " + "\n  ".join(_core.registration_errors()))
 

@@ -1,10 +1,11 @@
-"""The `opforge` command: `opforge info`, `opforge tour` and `opforge new-op`."""
+"""The `opforge` command: `opforge info`, `opforge tour`, `opforge new-op` and `opforge build-plugin`."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def _print_info(as_json: bool) -> None:
@@ -37,14 +38,33 @@ def _new_op(name: str, root: str, backward: bool) -> int:
         return 2
     for path in written:
         print(f"created {path}")
-    folders = f"ops/{name}" + (f" ops/{name}_backward" if backward else "")
+    folders = [f"ops/{name}"] + ([f"ops/{name}_backward"] if backward else [])
+    checkout = (Path(root) / "CMakeLists.txt").exists() and (Path(root) / "ops" / "add_one").is_dir()
+    if checkout:
+        build = f"pip install --no-build-isolation -q . && python -m pytest {' '.join(folders)}"
+    else:  # the generated tests import the checkout's tests/python/harness.py: not here
+        build = (f"export OPFORGE_PLUGINS=$(opforge build-plugin {' '.join(str(Path(root) / f) for f in folders)})"
+                 f"\n     then use opforge.{name} in a new process (the generated test files need a checkout's harness)")
     print(f"""
-{name} computes x + 1 for now, and its tests pass once built. Next:
-  1. ops/{name}/{name}.cc: the schema, dtypes and shape rule ({name}_backward's too)
+{name} computes x + 1 for now{", and its tests pass once built" if checkout else ""}. Next:
+  1. ops/{name}/{name}.cc: the schema, dtypes and shape rule{f" ({name}_backward's too)" if backward else ""}
   2. ops/{name}/{name}_cpu.cc and {name}_cuda.cu: the kernels
   3. ops/{name}/reference.py and test_{name}.py: the references and tests
-  4. pip install --no-build-isolation -q . && python -m pytest {folders}
+  4. {build}
 CONTRIBUTING.md ("Add an op") says more.""")
+    return 0
+
+
+def _build_plugin(folders: list[str], output: str | None, verbose: bool) -> int:
+    from .plugins import ENV_VAR, PluginError, build_plugin
+
+    try:
+        path = build_plugin(folders, output, verbose=verbose)
+    except PluginError as e:
+        print(f"opforge {e}", file=sys.stderr)
+        return 2
+    print(path)
+    print(f"# load it in a new process: export {ENV_VAR}={path}", file=sys.stderr)
     return 0
 
 
@@ -63,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     new.add_argument("name", help="the op's name: lowercase letters, digits, underscores")
     new.add_argument("--root", default=".", help="the opforge checkout to write into (default: .)")
     new.add_argument("--no-backward", action="store_true", help="no backward op (and no autograd)")
+    plugin = sub.add_parser("build-plugin", help="compile op folders into a library for OPFORGE_PLUGINS")
+    plugin.add_argument("folders", nargs="+", help="op folders (ops/<name>/ layout)")
+    plugin.add_argument("-o", "--output", help="the library to write (default: a cached one)")
+    plugin.add_argument("-v", "--verbose", action="store_true", help="print the compiler commands")
     args = parser.parse_args(argv)
 
     if args.command == "info":
@@ -70,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "new-op":
         return _new_op(args.name, args.root, not args.no_backward)
+    if args.command == "build-plugin":
+        return _build_plugin(args.folders, args.output, args.verbose)
     from .tour import run_tour
 
     return run_tour(frameworks=args.frameworks.split(","), rows=args.rows, cols=args.cols,

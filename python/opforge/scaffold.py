@@ -56,22 +56,34 @@ def _renamed(text: str, name: str, backward: bool) -> str:
     return text
 
 
+# The template as installed with the package, for authors without a checkout (op folders built
+# with `opforge build-plugin`).
+PACKAGED_TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+def _template_dir(ops_dir: Path, folder: str) -> Path:
+    """A checkout's own ops/<folder> (it may be newer), else the one installed with opforge."""
+    for candidate in (ops_dir / folder, PACKAGED_TEMPLATES / folder):
+        if candidate.is_dir():
+            return candidate
+    raise ScaffoldError(f"new-op: no template: neither {ops_dir / folder} nor {PACKAGED_TEMPLATES / folder} exists "
+                        "(a damaged install?)")
+
+
 def new_op(name: str, root: str | Path = ".", backward: bool = True) -> list[Path]:
-    """Creates ops/<name>/ (and ops/<name>_backward/ when `backward`) under `root`, an opforge
-    checkout; returns the files written. Raises ScaffoldError for a name already taken or not
-    usable as an op, module attribute and C++ identifier, or a root with no template."""
+    """Creates ops/<name>/ (and ops/<name>_backward/ when `backward`) under `root` (an opforge
+    checkout, or any folder for ops built with `opforge build-plugin`); returns the files
+    written. Raises ScaffoldError for a name already taken or not usable as an op, module
+    attribute and C++ identifier."""
     ops_dir = Path(root) / "ops"
     sources = [TEMPLATE] + ([f"{TEMPLATE}_backward"] if backward else [])
-    for source in sources:
-        if not (ops_dir / source).is_dir():
-            raise ScaffoldError(f"new-op: 'root' must be an opforge checkout (ops/{source} not "
-                                f"found under {Path(root).resolve()})")
+    templates = [_template_dir(ops_dir, source) for source in sources]
     _check_name(name, ops_dir, backward)
     written = []
-    for source in sources:
+    for source, template in zip(sources, templates):
         target = ops_dir / source.replace(TEMPLATE, name, 1)
-        target.mkdir()
-        for path in sorted((ops_dir / source).iterdir()):
+        target.mkdir(parents=True)
+        for path in sorted(template.iterdir()):
             if path.is_file() and path.suffix in COPIED_SUFFIXES:
                 out = target / path.name.replace(TEMPLATE, name, 1)
                 out.write_text(_renamed(path.read_text(), name, backward))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from opforge.cli import main
+from opforge import scaffold
 from opforge.scaffold import ScaffoldError, new_op
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,6 +22,7 @@ def checkout(tmp_path):
     """A stand-in checkout holding the two template folders, so the real one stays untouched."""
     for folder in ("add_one", "add_one_backward"):
         shutil.copytree(REPO / "ops" / folder, tmp_path / "ops" / folder)
+    (tmp_path / "CMakeLists.txt").write_text("# stands for the real one\n")
     return tmp_path
 
 
@@ -100,7 +102,18 @@ def test_refuses_names_it_cannot_use(checkout, capsys, name, message):
     assert sorted(p.name for p in (checkout / "ops").iterdir()) == ["add_one", "add_one_backward"]
 
 
-def test_refuses_a_root_without_the_template(tmp_path):
-    with pytest.raises(ScaffoldError, match=r"'root' must be an opforge checkout \(ops/add_one not found"):
+def test_outside_a_checkout_it_uses_the_installed_template(tmp_path, capsys):
+    assert main(["new-op", "scale_by", "--root", str(tmp_path / "my_ops")]) == 0
+    assert written_names(tmp_path / "my_ops", "scale_by") == sorted(
+        [f"ops/scale_by/{f.format(n='scale_by')}" for f in FILES] +
+        [f"ops/scale_by_backward/{f.format(n='scale_by_backward')}" for f in FILES])
+    assert "OPFORGE_OP(scale_by)" in (tmp_path / "my_ops/ops/scale_by/scale_by.cc").read_text()
+    out = capsys.readouterr().out
+    assert f"export OPFORGE_PLUGINS=$(opforge build-plugin {tmp_path}/my_ops/ops/scale_by " in out  # no checkout
+
+
+def test_refuses_when_no_template_is_found(tmp_path, monkeypatch):
+    monkeypatch.setattr(scaffold, "PACKAGED_TEMPLATES", tmp_path / "nothing")
+    with pytest.raises(ScaffoldError, match=r"new-op: no template: neither .*ops/add_one nor .*nothing/add_one"):
         new_op("scale_by", tmp_path)
     assert not (tmp_path / "ops").exists()

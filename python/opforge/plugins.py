@@ -1,0 +1,145 @@
+"""Ops compiled outside opforge's own build, without rebuilding opforge.
+
+`build_plugin(folders)` compiles op folders (each laid out like `ops/<name>/`: the declaration
+`<name>.cc` and the Highway kernel `<name>_cpu.cc`, as `opforge new-op` writes them) into one
+shared library, with the compiler flags and headers opforge itself was built with, and caches
+it by content. A process started with `OPFORGE_PLUGINS=<library>[:<library>...]` loads those
+libraries when it imports opforge, before it makes any op's functions, so a plugin's ops are
+opforge ops like the built-in ones: `opforge.<op>` for NumPy and DLPack arrays,
+`torch.ops.opforge.<op>` with autograd and torch.compile, `opforge.jax.<op>` under jit, grad
+and vmap. The frontends read the registry once per process: a plugin is loaded at import,
+not later. CUDA kernels (`.cu` files) are not compiled into plugins, and a plugin's
+reference.py is not installed (the tour lists its ops as having none).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+# What CMakeLists.txt and cmake/simd.cmake give every op source: the same Highway targets
+# (one per-target table shared with libhwy), C++20, position-independent code.
+FLAGS = ["-std=gnu++20", "-O3", "-fPIC", "-DHWY_DISABLED_TARGETS=HWY_SSSE3", "-DHWY_SHARED_DEFINE"]
+ENV_VAR = "OPFORGE_PLUGINS"
+
+
+class PluginError(RuntimeError):
+    """A plugin that could not be built; the message names the file and carries the compiler's."""
+
+
+def include_dir() -> Path:
+    """opforge's C++ headers as installed with the package (`opforge/registry.h`, `cpu/...`)."""
+    return PACKAGE / "include"
+
+
+def cache_dir() -> Path:
+    """Where built plugins are kept: $OPFORGE_CACHE_DIR, else $XDG_CACHE_HOME/opforge or ~/.cache/opforge."""
+    if os.environ.get("OPFORGE_CACHE_DIR"):
+        return Path(os.environ["OPFORGE_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "opforge"
+
+
+def _sources(folders: list[Path]) -> list[Path]:
+    sources = []
+    for folder in folders:
+        if not folder.is_dir():
+            raise PluginError(f"build_plugin(): 'folders' must be op folders, {folder} is not a directory")
+        found = sorted(folder.glob("*.cc"))
+        if not (folder / f"{folder.name}.cc").exists():
+            raise PluginError(f"build_plugin(): {folder} has no declaration {folder.name}.cc (an op folder is "
+                              f"named after its op: ops/<name>/<name>.cc, <name>_cpu.cc)")
+        sources += found
+    return sources
+
+
+def _key(sources: list[Path], compiler: str) -> str:
+    import opforge
+
+    h = hashlib.sha256()
+    for part in [opforge.__version__, compiler, *FLAGS, str(PACKAGE)]:
+        h.update(part.encode() + b"\0")
+    for path in sources:
+        h.update(path.parent.name.encode() + b"/" + path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for header in sorted(include_dir().rglob("*.h")):  # a reinstalled opforge with other headers
+        h.update(header.read_bytes())
+    return h.hexdigest()[:20]
+
+
+def build_plugin(folders, output: str | Path | None = None, *, compiler: str | None = None,
+                 verbose: bool = False) -> Path:
+    """Compiles the op folders into one shared library and returns its path (for OPFORGE_PLUGINS).
+    Without `output`, the library goes to cache_dir() under a name made from the sources, the
+    headers and the compiler, and an unchanged plugin is not compiled again."""
+    folders = [Path(f).resolve() for f in ([folders] if isinstance(folders, (str, Path)) else folders)]
+    if not folders:
+        raise PluginError("build_plugin(): 'folders' must name at least one op folder, got none")
+    names = [f.name for f in folders]
+    if len(set(names)) != len(names):
+        raise PluginError(f"build_plugin(): 'folders' must have distinct names, got {names}")
+    sources = _sources(folders)
+    compiler = compiler or os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not compiler:
+        raise PluginError("build_plugin(): no C++ compiler found (set CXX or install g++)")
+    if not (PACKAGE / "libopforge.so").exists() or not (include_dir() / "opforge" / "registry.h").exists():
+        raise PluginError(f"build_plugin(): this opforge install has no libopforge.so or headers in {PACKAGE}")
+    target = Path(output) if output else cache_dir() / f"opforge_plugin_{_key(sources, compiler)}.so"
+    if output is None and target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="opforge-plugin-") as tmp:
+        # The kernels name themselves as "ops/<name>/<name>_cpu.cc" (HWY_TARGET_INCLUDE, relative
+        # to an include root): give them one, wherever the folders really are.
+        root = Path(tmp) / "root"
+        (root / "ops").mkdir(parents=True)
+        for folder in folders:
+            (root / "ops" / folder.name).symlink_to(folder, target_is_directory=True)
+        includes = [f"-I{include_dir()}", f"-I{root}"]
+
+        def compile_one(source: Path) -> Path:
+            obj = Path(tmp) / f"{source.parent.name}__{source.stem}.o"
+            command = [compiler, *FLAGS, *includes, "-c", str(root / "ops" / source.parent.name / source.name),
+                       "-o", str(obj)]
+            _run(command, f"compiling {source}", verbose)
+            return obj
+
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            objects = list(pool.map(compile_one, sources))
+        # libopforge.so by its soname: the loader reuses the copy the process already has, so the
+        # plugin's ops join that copy's registry.
+        partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        _run([compiler, "-shared", *map(str, objects), "-o", str(partial), f"-L{PACKAGE}", "-lopforge", "-lhwy",
+              f"-Wl,-rpath,{PACKAGE}"], f"linking {target.name}", verbose)
+        os.replace(partial, target)  # whole or absent, for a process loading it meanwhile
+    return target
+
+
+def _run(command: list[str], what: str, verbose: bool) -> None:
+    if verbose:
+        print(" ".join(command), file=sys.stderr)
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise PluginError(f"build_plugin(): {what} failed ({Path(command[0]).name} exit {done.returncode}):\n"
+                          f"{done.stderr.strip()[-6000:]}")
+
+
+def load_from_environment() -> list[str]:
+    """Loads the libraries named by OPFORGE_PLUGINS (called by `import opforge`, before the ops'
+    functions are made); returns their paths. ImportError naming the variable and the library
+    when one cannot be loaded."""
+    import ctypes
+
+    loaded = []
+    for path in filter(None, os.environ.get(ENV_VAR, "").split(os.pathsep)):
+        try:
+            ctypes.CDLL(path)
+        except OSError as error:
+            raise ImportError(f"opforge: {ENV_VAR}: cannot load {path}: {error}") from None
+        loaded.append(path)
+    return loaded

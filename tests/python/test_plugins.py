@@ -1,0 +1,139 @@
+"""Ops compiled apart from opforge's build: `opforge new-op` writes an op, the test edits its
+kernel, `build_plugin` compiles it, and a new process with OPFORGE_PLUGINS uses it from NumPy,
+torch (autograd, torch.compile) and JAX (jit, grad, vmap), with the same errors as a built-in
+op. Then the failures: compiler errors, a duplicate op, a library that does not load."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import opforge
+from opforge.plugins import PluginError, build_plugin
+from opforge.scaffold import new_op
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_with_plugins(code, *plugins):
+    env = {**os.environ, "OPFORGE_PLUGINS": os.pathsep.join(map(str, plugins))}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def plus_two(tmp_path_factory):
+    """A plugin op, plus_two(x) = x + 2 (and its backward), built once for the module."""
+    root = tmp_path_factory.mktemp("checkout")
+    for folder in ("add_one", "add_one_backward"):
+        (root / "ops" / folder).mkdir(parents=True)
+        for f in (REPO / "ops" / folder).iterdir():
+            (root / "ops" / folder / f.name).write_bytes(f.read_bytes())
+    new_op("plus_two", root)
+    kernel = root / "ops/plus_two/plus_two_cpu.cc"
+    text = kernel.read_text()
+    assert "hn::Set(d, 1)" in text and "v + C(1)" in text
+    kernel.write_text(text.replace("hn::Set(d, 1)", "hn::Set(d, 2)").replace("v + C(1)", "v + C(2)"))
+    cache = tmp_path_factory.mktemp("cache")
+    os.environ["OPFORGE_CACHE_DIR"] = str(cache)
+    try:
+        path = build_plugin([root / "ops/plus_two", root / "ops/plus_two_backward"])
+    finally:
+        del os.environ["OPFORGE_CACHE_DIR"]
+    return root, cache, path
+
+
+PLUS_TWO_EVERYWHERE = """
+import numpy as np, torch, jax, jax.numpy as jnp, opforge, opforge.torch as ot, opforge.jax as oj
+x = np.arange(5.0, dtype=np.float32)
+assert opforge.plugins and "plus_two" in [o["name"] for o in opforge.ops()]
+np.testing.assert_array_equal(opforge.plus_two(x), x + 2)
+t = torch.arange(5.0, requires_grad=True)
+y = torch.ops.opforge.plus_two(t)
+y.sum().backward()
+assert torch.equal(y.detach(), t.detach() + 2) and torch.equal(t.grad, torch.ones(5))
+assert torch.equal(torch.compile(lambda a: ot.plus_two(a) * 3, fullgraph=True)(t.detach()), (t.detach() + 2) * 3)
+j = jnp.arange(5.0)
+assert jnp.array_equal(jax.jit(oj.plus_two)(j), j + 2)
+assert jnp.array_equal(jax.grad(lambda a: oj.plus_two(a).sum())(j), jnp.ones(5))
+assert jnp.array_equal(jax.vmap(oj.plus_two)(j[None]), (j + 2)[None])
+try:
+    opforge.plus_two(x.astype(np.int8))
+except TypeError as e:
+    assert "plus_two(): 'x' must have dtype in" in str(e), e
+else:
+    raise AssertionError("int8 accepted")
+for target in opforge.simd_targets():
+    opforge.set_simd_target(target)
+    np.testing.assert_array_equal(opforge.plus_two(np.arange(37.0)), np.arange(37.0) + 2)
+print("ok")
+"""
+
+
+def test_plugin_op_runs_in_every_framework(plus_two):
+    _, _, path = plus_two
+    out = run_with_plugins(PLUS_TWO_EVERYWHERE, path)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-4000:]
+
+
+def test_an_unchanged_plugin_is_not_rebuilt(plus_two, monkeypatch):
+    root, cache, path = plus_two
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(cache))
+    before = path.stat().st_mtime_ns
+    assert build_plugin([root / "ops/plus_two", root / "ops/plus_two_backward"]) == path
+    assert path.stat().st_mtime_ns == before
+
+
+def test_compiler_errors_name_the_file(plus_two, tmp_path):
+    root, _, _ = plus_two
+    broken = tmp_path / "ops" / "broken_op"
+    broken.mkdir(parents=True)
+    (broken / "broken_op.cc").write_text('#include "opforge/registry.h"\nOPFORGE_OP(broken_op) { return 42 }\n')
+    with pytest.raises(PluginError, match=r"(?s)compiling .*broken_op\.cc failed .*error"):
+        build_plugin(broken, tmp_path / "broken.so")
+
+
+def test_bad_folders(tmp_path):
+    with pytest.raises(PluginError, match="'folders' must be op folders, .* is not a directory"):
+        build_plugin(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PluginError, match="has no declaration empty.cc"):
+        build_plugin(tmp_path / "empty")
+    with pytest.raises(PluginError, match="'folders' must name at least one op folder"):
+        build_plugin([])
+
+
+def test_a_plugin_redeclaring_an_op_fails_the_import(tmp_path):
+    dup = tmp_path / "ops" / "add_one"
+    dup.mkdir(parents=True)
+    (dup / "add_one.cc").write_text((REPO / "ops/add_one/add_one.cc").read_text().replace(
+        '.backward("add_one_backward", {"x"})', ""))
+    path = build_plugin(dup, tmp_path / "dup.so")
+    out = run_with_plugins("import opforge", path)
+    assert out.returncode != 0
+    assert "ImportError: opforge: some ops failed to register" in out.stderr and "add_one" in out.stderr
+
+
+def test_a_library_that_does_not_load_is_an_import_error(tmp_path):
+    out = run_with_plugins("import opforge", tmp_path / "nowhere.so")
+    assert out.returncode != 0
+    assert f"ImportError: opforge: OPFORGE_PLUGINS: cannot load {tmp_path / 'nowhere.so'}" in out.stderr
+
+
+def test_cli_builds_and_prints_the_path(plus_two):
+    root, cache, path = plus_two
+    env = {**os.environ, "OPFORGE_CACHE_DIR": str(cache)}
+    out = subprocess.run([sys.executable, "-m", "opforge", "build-plugin", str(root / "ops/plus_two"),
+                          str(root / "ops/plus_two_backward")], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == str(path) and f"export OPFORGE_PLUGINS={path}" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "opforge", "build-plugin", str(root / "missing")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.startswith("opforge build_plugin(): 'folders' must be op folders")
+
+
+def test_no_plugins_without_the_variable():
+    if os.environ.get("OPFORGE_PLUGINS"):
+        pytest.skip("OPFORGE_PLUGINS is set for this run")
+    assert opforge.plugins == []
