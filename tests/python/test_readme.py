@@ -2,38 +2,19 @@
 scratch working directory. A line ending in `# SomeError: message` must raise SomeError with that
 message, as the README promises; every other line must run without error."""
 
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from doc_blocks import blocks as doc_blocks, runnable
+
 README = Path(__file__).resolve().parents[2] / "README.md"
-FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
-RAISES = re.compile(r"^(?P<indent>\s*)(?P<code>\S.*?)\s+# (?P<error>[A-Z]\w*Error): (?P<message>.+)$")
 
 
 def blocks():
-    text = README.read_text()
-    return [(text.count("\n", 0, m.start()) + 1, m.group(1)) for m in FENCE.finditer(text)]
-
-
-def runnable(block: str) -> str:
-    """The block with each `code  # SomeError: message` line turned into a check that it raises."""
-    out = []
-    for line in block.splitlines():
-        m = RAISES.match(line)
-        if not m:
-            out.append(line)
-            continue
-        i, code, error, message = m["indent"], m["code"], m["error"], m["message"]
-        out += [f"{i}try:", f"{i}    {code}",
-                f"{i}except {error} as _e:",
-                f"{i}    assert {message!r} in str(_e), f'README: wrong message: {{_e}}'",
-                f"{i}else:",
-                f"{i}    raise AssertionError({f'README: {code} should raise {error}'!r})"]
-    return "\n".join(out) + "\n"
+    return [(line, code) for line, _, code in doc_blocks(README)]
 
 
 def test_the_readme_has_its_examples():
