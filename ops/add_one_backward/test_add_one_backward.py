@@ -6,9 +6,11 @@ import pytest
 import torch
 
 import opforge
-from harness import (FLOAT_DTYPES, STRIDED_KINDS, assert_result, cases, has_dtype, random, strided,
-                     to_float64, to_framework)
-from opforge.references import add_one as add_one_reference
+from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, assert_result, cases, has_dtype, random, reference,
+                             strided, to_float64, to_framework)
+from opforge.testing import rng, simd_target  # noqa: F401  (fixtures, so the file runs outside the checkout too)
+
+add_one_reference = reference("add_one", near=__file__)
 
 SHAPES = [(), (1,), (7,), (33,), (4097,), (0,), (4, 0, 3), (3, 5, 7)]
 

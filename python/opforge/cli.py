@@ -42,11 +42,12 @@ def _new_op(name: str, root: str, backward: bool) -> int:
     checkout = (Path(root) / "CMakeLists.txt").exists() and (Path(root) / "ops" / "add_one").is_dir()
     if checkout:
         build = f"pip install --no-build-isolation -q . && python -m pytest {' '.join(folders)}"
-    else:  # the generated tests import the checkout's tests/python/harness.py: not here
-        build = (f"export OPFORGE_PLUGINS=$(opforge build-plugin {' '.join(str(Path(root) / f) for f in folders)})"
-                 f"\n     then use opforge.{name} in a new process (the generated test files need a checkout's harness)")
+    else:
+        paths = " ".join(str(Path(root) / f) for f in folders)
+        build = (f"export OPFORGE_PLUGINS=$(opforge build-plugin {paths})"
+                 f"\n     python -m pytest {paths}   (docs/tutorial.md walks through it)")
     print(f"""
-{name} computes x + 1 for now{", and its tests pass once built" if checkout else ""}. Next:
+{name} computes x + 1 for now, and its tests pass once built. Next:
   1. ops/{name}/{name}.cc: the schema, dtypes and shape rule{f" ({name}_backward's too)" if backward else ""}
   2. ops/{name}/{name}_cpu.cc and {name}_cuda.cu: the kernels
   3. ops/{name}/reference.py and test_{name}.py: the references and tests

@@ -1,8 +1,8 @@
 """docs/tutorial.md, run as written: its bash blocks in order in one scratch folder (the
-variables they export carry to the later blocks), each C++ block written to the file its first
-line names, each Python block in a fresh interpreter with the environment the bash blocks
-left. Between them they scaffold an op, replace its code, build it as a plugin and use it from
-NumPy, torch and JAX."""
+variables they export carry to the later blocks), each C++ block (and each Python block whose
+first line is `# file: <path>`) written to the file it names, every other Python block run in a
+fresh interpreter with the environment the bash blocks left. Between them they scaffold an op,
+replace its code, build it as a plugin, use it from NumPy, torch and JAX, and run its tests."""
 
 import os
 import subprocess
@@ -12,7 +12,7 @@ from pathlib import Path
 from doc_blocks import blocks, runnable
 
 TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorial.md"
-FILE_MARK = "// file: "
+FILE_MARK = "// file: "  # first line of a C++ block: where it goes
 
 
 def test_the_tutorial_runs_as_written(tmp_path):
@@ -22,10 +22,11 @@ def test_the_tutorial_runs_as_written(tmp_path):
     env.pop("OPFORGE_PLUGINS", None)
     for line, lang, code in steps:
         where = f"docs/tutorial.md line {line} ({lang})"
-        if lang == "cpp":
-            first = code.splitlines()[0]
-            assert first.startswith(FILE_MARK), f"{where}: a C++ block starts with '{FILE_MARK}<path>'"
-            target = tmp_path / first[len(FILE_MARK):]
+        first = code.splitlines()[0]
+        mark = FILE_MARK if lang == "cpp" else "# file: "
+        if lang == "cpp" or first.startswith(mark):
+            assert first.startswith(mark), f"{where}: a C++ block starts with '{mark}<path>'"
+            target = tmp_path / first[len(mark):]
             assert target.parent.is_dir(), f"{where}: {target.parent} does not exist at this point"
             target.write_text(code)
         elif lang == "bash":
