@@ -7,9 +7,10 @@ it by content. A process started with `OPFORGE_PLUGINS=<library>[:<library>...]`
 libraries when it imports opforge, before it makes any op's functions, so a plugin's ops are
 opforge ops like the built-in ones: `opforge.<op>` for NumPy and DLPack arrays,
 `torch.ops.opforge.<op>` with autograd and torch.compile, `opforge.jax.<op>` under jit, grad
-and vmap. The frontends read the registry once per process: a plugin is loaded at import,
-not later. CUDA kernels (`.cu` files) are not compiled into plugins, and a plugin's
-reference.py is not installed (the tour lists its ops as having none).
+and vmap, and (from each folder's reference.py, kept beside the library) `opforge.references`,
+which the tour and `opforge.testing.reference` read. The frontends read the registry once per
+process: a plugin is loaded at import, not later. CUDA kernels (`.cu` files) are not compiled
+into plugins.
 """
 
 from __future__ import annotations
@@ -59,13 +60,23 @@ def _sources(folders: list[Path]) -> list[Path]:
     return sources
 
 
+def _references(sources: list[Path]) -> list[Path]:
+    folders = sorted({p.parent for p in sources})
+    return [f / "reference.py" for f in folders if (f / "reference.py").exists()]
+
+
+def references_dir(library: Path) -> Path:
+    """Where build_plugin keeps the plugin's references (<op>.py), beside the library."""
+    return library.with_name(library.name.removesuffix(".so") + "_references")
+
+
 def _key(sources: list[Path], compiler: str) -> str:
     import opforge
 
     h = hashlib.sha256()
     for part in [opforge.__version__, compiler, *FLAGS, str(PACKAGE)]:
         h.update(part.encode() + b"\0")
-    for path in sources:
+    for path in sources + _references(sources):
         h.update(path.parent.name.encode() + b"/" + path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     for header in sorted(include_dir().rglob("*.h")):  # a reinstalled opforge with other headers
         h.update(header.read_bytes())
@@ -116,6 +127,11 @@ def build_plugin(folders, output: str | Path | None = None, *, compiler: str | N
         partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         _run([compiler, "-shared", *map(str, objects), "-o", str(partial), f"-L{PACKAGE}", "-lopforge", "-lhwy",
               f"-Wl,-rpath,{PACKAGE}"], f"linking {target.name}", verbose)
+        refs = references_dir(target)
+        shutil.rmtree(refs, ignore_errors=True)
+        for ref in _references(sources):
+            refs.mkdir(exist_ok=True)
+            shutil.copyfile(ref, refs / f"{ref.parent.name}.py")
         os.replace(partial, target)  # whole or absent, for a process loading it meanwhile
     return target
 
@@ -141,5 +157,10 @@ def load_from_environment() -> list[str]:
             ctypes.CDLL(path)
         except OSError as error:
             raise ImportError(f"opforge: {ENV_VAR}: cannot load {path}: {error}") from None
+        refs = references_dir(Path(path))
+        if refs.is_dir():
+            import opforge.references
+
+            opforge.references.__path__.append(str(refs))
         loaded.append(path)
     return loaded

@@ -35,6 +35,9 @@ def plus_two(tmp_path_factory):
     text = kernel.read_text()
     assert "hn::Set(d, 1)" in text and "v + C(1)" in text
     kernel.write_text(text.replace("hn::Set(d, 1)", "hn::Set(d, 2)").replace("v + C(1)", "v + C(2)"))
+    ref = root / "ops/plus_two/reference.py"
+    assert ref.read_text().count("return x + 1") == 3
+    ref.write_text(ref.read_text().replace("return x + 1", "return x + 2"))
     cache = tmp_path_factory.mktemp("cache")
     os.environ["OPFORGE_CACHE_DIR"] = str(cache)
     try:
@@ -64,6 +67,8 @@ except TypeError as e:
     assert "plus_two(): 'x' must have dtype in" in str(e), e
 else:
     raise AssertionError("int8 accepted")
+import opforge.references.plus_two as ref
+np.testing.assert_array_equal(ref.numpy(x), x + 2)  # the plugin's reference.py, kept beside it
 for target in opforge.simd_targets():
     opforge.set_simd_target(target)
     np.testing.assert_array_equal(opforge.plus_two(np.arange(37.0)), np.arange(37.0) + 2)
@@ -75,6 +80,16 @@ def test_plugin_op_runs_in_every_framework(plus_two):
     _, _, path = plus_two
     out = run_with_plugins(PLUS_TWO_EVERYWHERE, path)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-4000:]
+
+
+def test_the_tour_checks_plugin_ops_against_their_reference(plus_two):
+    _, _, path = plus_two
+    env = {**os.environ, "OPFORGE_PLUGINS": str(path)}
+    out = subprocess.run([sys.executable, "-m", "opforge", "tour", "--frameworks", "numpy", "--repeats", "1",
+                          "--rows", "8", "--cols", "64"], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith("plus_two ")]
+    assert rows and rows[0][:3] == ["plus_two", "numpy", "opforge"] and float(rows[0][5]) == 0.0, out.stdout[-2000:]
 
 
 def test_an_unchanged_plugin_is_not_rebuilt(plus_two, monkeypatch):
