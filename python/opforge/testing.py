@@ -173,11 +173,9 @@ def strided(rng, shape, framework, dtype, kind):
 
 
 def reference(name: str, near: str | Path | None = None):
-    """The reference module of op `name`: opforge.references.<name> as installed with opforge,
-    else `<name>/reference.py` in the ops folder holding `near` (a test file's __file__), for an
-    op built as a plugin, whose references are not installed."""
-    if importlib.util.find_spec(f"opforge.references.{name}") is not None:
-        return importlib.import_module(f"opforge.references.{name}")
+    """The reference module of op `name`: `<name>/reference.py` in the ops folder holding `near`
+    (a test file's __file__: the source beside the tests, never a stale installed copy), else
+    opforge.references.<name> (installed with opforge, or kept beside a plugin)."""
     if near is not None:
         path = Path(near).resolve().parent.parent / name / "reference.py"
         if path.exists():
@@ -185,7 +183,9 @@ def reference(name: str, near: str | Path | None = None):
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             return module
-    raise ImportError(f"no reference for {name}: not installed with opforge, and no {name}/reference.py beside {near}")
+    if importlib.util.find_spec(f"opforge.references.{name}") is not None:
+        return importlib.import_module(f"opforge.references.{name}")
+    raise ImportError(f"no reference for {name}: no {name}/reference.py beside {near}, none installed")
 
 
 @pytest.fixture
