@@ -70,16 +70,31 @@ def references_dir(library: Path) -> Path:
     return library.with_name(library.name.removesuffix(".so") + "_references")
 
 
-def _key(sources: list[Path], compiler: str) -> str:
+def abi_file(library: Path) -> Path:
+    """Beside a built plugin: the abi() of the opforge it was compiled against."""
+    return library.with_name(library.name.removesuffix(".so") + ".abi")
+
+
+def abi() -> str:
+    """This opforge's plugin ABI: its version, build flags and installed headers. A plugin built
+    against other headers may lay out TensorView or KernelCall differently: loading it could
+    crash, so it is refused instead."""
     import opforge
 
     h = hashlib.sha256()
-    for part in [opforge.__version__, compiler, *FLAGS, str(PACKAGE)]:
+    for part in [opforge.__version__, *FLAGS]:
+        h.update(part.encode() + b"\0")
+    for header in sorted(include_dir().rglob("*.h*")):
+        h.update(header.relative_to(include_dir()).as_posix().encode() + b"\0" + header.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _key(sources: list[Path], compiler: str) -> str:
+    h = hashlib.sha256()
+    for part in [abi(), compiler, str(PACKAGE)]:
         h.update(part.encode() + b"\0")
     for path in sources + _references(sources):
         h.update(path.parent.name.encode() + b"/" + path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    for header in sorted(include_dir().rglob("*.h")):  # a reinstalled opforge with other headers
-        h.update(header.read_bytes())
     return h.hexdigest()[:20]
 
 
@@ -132,6 +147,7 @@ def build_plugin(folders, output: str | Path | None = None, *, compiler: str | N
         for ref in _references(sources):
             refs.mkdir(exist_ok=True)
             shutil.copyfile(ref, refs / f"{ref.parent.name}.py")
+        abi_file(target).write_text(abi() + "\n")
         os.replace(partial, target)  # whole or absent, for a process loading it meanwhile
     return target
 
@@ -153,6 +169,11 @@ def load_from_environment() -> list[str]:
 
     loaded = []
     for path in filter(None, os.environ.get(ENV_VAR, "").split(os.pathsep)):
+        stamp = abi_file(Path(path))
+        # A library without the stamp was linked by hand: loaded as its author asked.
+        if stamp.exists() and stamp.read_text().strip() != abi():
+            raise ImportError(f"opforge: {ENV_VAR}: {path} was built against another opforge (other headers or "
+                              f"version); rebuild it: opforge build-plugin <its op folders>")
         try:
             ctypes.CDLL(path)
         except OSError as error:

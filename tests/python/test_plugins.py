@@ -130,6 +130,19 @@ def test_a_plugin_redeclaring_an_op_fails_the_import(tmp_path):
     assert "ImportError: opforge: some ops failed to register" in out.stderr and "add_one" in out.stderr
 
 
+def test_a_plugin_built_against_other_headers_is_refused(plus_two, tmp_path):
+    _, _, path = plus_two
+    copy = tmp_path / "old.so"
+    copy.write_bytes(path.read_bytes())
+    (tmp_path / "old.abi").write_text("0123456789abcdef\n")  # as if built by another opforge
+    out = run_with_plugins("import opforge", copy)
+    assert out.returncode != 0
+    assert f"ImportError: opforge: OPFORGE_PLUGINS: {copy} was built against another opforge" in out.stderr
+    (tmp_path / "old.abi").write_text(path.with_suffix(".abi").read_text())  # the right stamp: loads
+    out = run_with_plugins("import numpy, opforge; print(opforge.plus_two(numpy.ones(1)))", copy)
+    assert out.returncode == 0 and out.stdout.strip() == "[3.]", out.stderr[-2000:]
+
+
 def test_a_library_that_does_not_load_is_an_import_error(tmp_path):
     out = run_with_plugins("import opforge", tmp_path / "nowhere.so")
     assert out.returncode != 0
