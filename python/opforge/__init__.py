@@ -96,6 +96,7 @@ def info() -> dict:
         "backends": backends(),
         "built_with_cuda": _core.built_with_cuda,
         "num_threads": num_threads(),
+        "plugins": list(plugins),
         "ops": _core.op_names(),
     }
 

@@ -25,6 +25,7 @@ def _print_info(as_json: bool) -> None:
         state = "available" if b["available"] else f"unavailable ({b['reason']})"
         print(f"  {b['name']:<6} device={b['device']:<5} score={b['score']:<3} devices={b['device_count']}  {state}")
     print(f"Threads: {info['num_threads']}")
+    print(f"Plugins (OPFORGE_PLUGINS): {', '.join(info['plugins']) or 'none'}")
     print(f"Ops: {', '.join(info['ops'])}")
 
 

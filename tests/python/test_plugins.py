@@ -51,6 +51,7 @@ PLUS_TWO_EVERYWHERE = """
 import numpy as np, torch, jax, jax.numpy as jnp, opforge, opforge.torch as ot, opforge.jax as oj
 x = np.arange(5.0, dtype=np.float32)
 assert opforge.plugins and "plus_two" in [o["name"] for o in opforge.ops()]
+assert opforge.info()["plugins"] == opforge.plugins
 np.testing.assert_array_equal(opforge.plus_two(x), x + 2)
 t = torch.arange(5.0, requires_grad=True)
 y = torch.ops.opforge.plus_two(t)
