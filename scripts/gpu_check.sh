@@ -91,6 +91,8 @@ if ! ls /usr/"$arch_dir"/cmake/hwy/hwy-config.cmake /usr/lib/cmake/hwy/hwy-confi
   cmake_args+=("-Ccmake.define.hwy_DIR=$deps/$arch_dir/cmake/hwy")
   export CPATH="$deps/include${CPATH:+:$CPATH}"
   export LD_LIBRARY_PATH="$deps/$arch_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # For the linker too: the plugin tests (opforge build-plugin) link -lhwy.
+  export LIBRARY_PATH="$deps/$arch_dir${LIBRARY_PATH:+:$LIBRARY_PATH}"
 fi
 export CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
 install=("$PY" -m pip install --no-build-isolation --no-deps --no-index --disable-pip-version-check -v "${cmake_args[@]}" .)
