@@ -18,7 +18,9 @@ FILE_MARK = "// file: "  # first line of a C++ block: where it goes
 def test_the_tutorial_runs_as_written(tmp_path):
     steps = blocks(TUTORIAL, ("bash", "cpp", "python"))
     assert [lang for _, lang, _ in steps].count("python") >= 3 and any(lang == "cpp" for _, lang, _ in steps)
-    env = {**os.environ, "OPFORGE_CACHE_DIR": str(tmp_path / "cache")}
+    # The `opforge` command and `python` of this interpreter's environment (a venv may not be on PATH).
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = {**os.environ, "OPFORGE_CACHE_DIR": str(tmp_path / "cache"), "PATH": path}
     env.pop("OPFORGE_PLUGINS", None)
     for line, lang, code in steps:
         where = f"docs/tutorial.md line {line} ({lang})"
