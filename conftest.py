@@ -4,17 +4,10 @@ Data is fresh on every run (a new seed per test) yet every failure is reproducib
 seed is printed in the failure report, and OPFORGE_TEST_SEED=<seed> replays it.
 """
 
-import sys
-from pathlib import Path
-
 import pytest
 
 import opforge
 from opforge.testing import rng, simd_target  # noqa: F401  (fixtures for every test; also enables jax x64)
-
-# Op tests live in their op's folder, away from tests/python; this makes `import harness`
-# work from anywhere without turning the folders into packages.
-sys.path.insert(0, str(Path(__file__).parent / "tests" / "python"))
 
 
 def pytest_report_header(config):

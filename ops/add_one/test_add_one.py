@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import opforge
-from opforge.testing import (FLOAT_DTYPES, INT_DTYPES, STRIDED_KINDS, assert_close, assert_result, cases,
-                             has_dtype, random, strided, to_float64, to_framework)
+from opforge.testing import (FLOAT_DTYPES, INT_DTYPES, STRIDED_KINDS, assert_close, assert_result, cases, has_dtype,
+                             random, strided, to_float64, to_framework)
 from opforge.testing import rng, simd_target  # noqa: F401  (fixtures, so the file runs outside the checkout too)
 
 DTYPES = FLOAT_DTYPES + INT_DTYPES

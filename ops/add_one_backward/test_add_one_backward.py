@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import opforge
-from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, assert_result, cases, has_dtype, random, reference,
-                             strided, to_float64, to_framework)
+from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, assert_result, cases, has_dtype, random, reference, strided,
+                             to_float64, to_framework)
 from opforge.testing import rng, simd_target  # noqa: F401  (fixtures, so the file runs outside the checkout too)
 
 add_one_reference = reference("add_one", near=__file__)

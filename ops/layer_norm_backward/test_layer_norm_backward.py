@@ -8,8 +8,8 @@ import torch
 
 import opforge
 import opforge.torch
-from harness import (FLOAT_DTYPES, STRIDED_KINDS, assert_close_scaled, assert_result, cases, has_dtype, random,
-                     strided, to_float64, to_framework)
+from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, assert_close_scaled, assert_result, cases, has_dtype,
+                             random, strided, to_float64, to_framework)
 
 # Odd row lengths leave SIMD tails; many rows make the kernel split the sums over rows into chunks.
 SHAPES = [(1,), (7,), (1, 1), (3, 33), (2, 4097), (2, 3, 7), (33, 1), (4097, 33), (0, 5), (4, 0)]

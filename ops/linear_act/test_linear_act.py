@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import opforge
-from harness import (FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, assert_result, cases, has_dtype, random, strided,
-                     to_float64, to_framework)
+from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, assert_result, cases, has_dtype, random,
+                             strided, to_float64, to_framework)
 from opforge.references import linear_act as linear_act_reference
 
 ACTS = ["none", "relu", "gelu", "gelu_tanh", "silu"]

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import opforge
-from harness import (FLOAT_DTYPES, INT_DTYPES, STRIDED_KINDS, assert_close, assert_result, cases, random, strided,
-                     to_float64, to_framework)
+from opforge.testing import (FLOAT_DTYPES, INT_DTYPES, STRIDED_KINDS, assert_close, assert_result, cases, random,
+                             strided, to_float64, to_framework)
 
 DTYPES = FLOAT_DTYPES + INT_DTYPES
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import opforge
-from harness import (FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, assert_result, cases, random, strided, to_float64,
-                     to_framework)
+from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, assert_result, cases, random, strided,
+                             to_float64, to_framework)
 from opforge.references import mul as mul_reference
 
 # Relative precision the sums are accumulated in: float32 for the half types.

@@ -7,7 +7,7 @@ import torch
 
 import opforge
 from opforge.references.quantize_q8_0 import numpy as ggml_q8_0  # ggml's quantizer in NumPy
-from harness import STRIDED_KINDS, cases, strided, to_float64, to_framework
+from opforge.testing import STRIDED_KINDS, cases, strided, to_float64, to_framework
 
 DTYPES = ("float32", "float16", "bfloat16")
 SHAPES = [(32,), (1, 32), (7, 96), (2, 3, 64), (3, 4096), (0, 64), (4, 0)]

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import opforge
-from harness import (FLOAT_DTYPES, STRIDED_KINDS, assert_close_scaled, assert_result, cases, has_dtype, random,
-                     strided, to_float64, to_framework)
+from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, assert_close_scaled, assert_result, cases, has_dtype,
+                             random, strided, to_float64, to_framework)
 from opforge.references import rms_norm as rms_norm_reference
 
 # Odd row lengths leave SIMD tails; many rows make the kernel split grad_weight's sum into chunks.

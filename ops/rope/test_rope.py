@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import opforge
-from harness import (FLOAT_DTYPES, STRIDED_KINDS, assert_close, assert_result, cases, has_dtype, random, strided,
-                     to_float64, to_framework)
+from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, assert_close, assert_result, cases, has_dtype, random,
+                             strided, to_float64, to_framework)
 from opforge.references import rope as rope_reference
 
 # [..., seq, heads, dim]: half = dim / 2 odd (7, 4097) leaves SIMD tails; ranks 3 to 5.

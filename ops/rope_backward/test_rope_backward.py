@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import opforge
-from harness import (FLOAT_DTYPES, STRIDED_KINDS, assert_close, assert_result, cases, has_dtype, random, strided,
-                     to_float64, to_framework)
+from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, assert_close, assert_result, cases, has_dtype, random,
+                             strided, to_float64, to_framework)
 from opforge.references import rope as rope_reference
 
 SHAPES = [(1, 1, 2), (7, 3, 14), (1, 2, 8194), (2, 3, 5, 2, 32), (0, 2, 4)]

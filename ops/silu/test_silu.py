@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import opforge
-from harness import (FLOAT_DTYPES, STRIDED_KINDS, assert_close, assert_result, cases, has_dtype, random, strided,
-                     to_float64, to_framework)
+from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, assert_close, assert_result, cases, has_dtype, random,
+                             strided, to_float64, to_framework)
 
 SHAPES = [(), (1,), (7,), (4097,), (0,), (4, 0, 3), (3, 5, 7)]
 

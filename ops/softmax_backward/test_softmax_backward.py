@@ -7,8 +7,8 @@ import torch
 
 import opforge
 import opforge.torch
-from harness import (FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, assert_result, cases, has_dtype, random, strided,
-                     to_float64, to_framework)
+from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, assert_result, cases, has_dtype, random,
+                             strided, to_float64, to_framework)
 
 # Relative precision the kernel computes in: float32 for the half types.
 COMPUTE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-24, "bfloat16": 2.0**-24}

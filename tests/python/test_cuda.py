@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 
 import opforge  # noqa: E402
 import opforge.torch  # noqa: E402,F401  (defines torch.ops.opforge)
-from harness import FLOAT_DTYPES, TOLERANCES  # noqa: E402
+from opforge.testing import FLOAT_DTYPES, TOLERANCES  # noqa: E402
 
 DEVICE = os.environ.get("OPFORGE_TEST_DEVICE", "cuda")
 assert DEVICE in ("cuda", "cpu"), f"OPFORGE_TEST_DEVICE must be cuda or cpu, got {DEVICE!r}"

@@ -17,7 +17,7 @@ from jax.test_util import check_grads  # noqa: E402
 
 import opforge  # noqa: E402
 import opforge.jax as oj  # noqa: E402
-from harness import FLOAT_DTYPES, TOLERANCES, random  # noqa: E402
+from opforge.testing import FLOAT_DTYPES, TOLERANCES, random  # noqa: E402
 
 OPS_WITH_REFERENCE = [n for n in opforge._core.op_names()
                       if importlib.util.find_spec(f"opforge.references.{n}") is not None]

@@ -22,7 +22,7 @@ from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import opforge.torch as ot  # noqa: E402
-from harness import FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, strided  # noqa: E402
+from opforge.testing import FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, strided  # noqa: E402
 from op_samples import CORE, OPS, WITH_REFERENCE, dtypes, reference, sample  # noqa: E402
 
 DIFFERENTIABLE = [n for n in OPS if CORE[n].backward]
