@@ -94,6 +94,7 @@ def test_generated_sources_compile(checkout):
     ("add_one", "ops/add_one already exists"),
     ("rms_norm", "'name' 'rms_norm' is already an op or an attribute of the opforge module"),
     ("info", "'name' 'info' is already an op or an attribute of the opforge module"),
+    ("jax", "'name' 'jax' is already an op or an attribute of the opforge module"),  # a submodule
 ])
 def test_refuses_names_it_cannot_use(checkout, capsys, name, message):
     assert main(["new-op", name, "--root", str(checkout)]) == 2
