@@ -101,7 +101,12 @@ def info() -> dict:
     }
 
 
+_SUBMODULES = {"cli", "forge", "jax", "plugins", "references", "scaffold", "testing", "torch", "tour"}
 for _name in _core.op_names():
+    # Only a plugin's op can get here with such a name (new-op and the built-in ops avoid them).
+    if _name in globals() or _name in _SUBMODULES:
+        raise ImportError(f"opforge: op '{_name}' would replace opforge.{_name}; rename the op "
+                          f"(plugins: {', '.join(plugins) or 'none'})")
     globals()[_name] = _make_function(_core.op(_name))
 del _name
 

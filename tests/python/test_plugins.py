@@ -144,6 +144,17 @@ def test_a_plugin_built_against_other_headers_is_refused(plus_two, tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == "[3.]", out.stderr[-2000:]
 
 
+def test_an_op_named_like_an_opforge_attribute_fails_the_import(tmp_path):
+    folder = tmp_path / "ops" / "info"
+    folder.mkdir(parents=True)
+    (folder / "info.cc").write_text('#include "opforge/registry.h"\n'
+                                    'OPFORGE_OP(info) { return opforge::OpDef("info(Tensor x) -> Tensor")'
+                                    '.shape([](const opforge::ShapeContext& c) { return opforge::Outputs{c.like("x")}; }); }\n')
+    out = run_with_plugins("import opforge", build_plugin(folder, tmp_path / "info.so"))
+    assert out.returncode != 0 and "ImportError: opforge: op 'info' would replace opforge.info" in out.stderr, \
+        out.stderr[-2000:]
+
+
 def test_a_library_that_does_not_load_is_an_import_error(tmp_path):
     out = run_with_plugins("import opforge", tmp_path / "nowhere.so")
     assert out.returncode != 0
