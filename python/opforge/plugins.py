@@ -15,13 +15,9 @@ into plugins.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
@@ -79,6 +75,8 @@ def abi() -> str:
     """This opforge's plugin ABI: its version, build flags and installed headers. A plugin built
     against other headers may lay out TensorView or KernelCall differently: loading it could
     crash, so it is refused instead."""
+    import hashlib
+
     import opforge
 
     h = hashlib.sha256()
@@ -90,6 +88,8 @@ def abi() -> str:
 
 
 def _key(sources: list[Path], compiler: str) -> str:
+    import hashlib
+
     h = hashlib.sha256()
     for part in [abi(), compiler, str(PACKAGE)]:
         h.update(part.encode() + b"\0")
@@ -103,6 +103,8 @@ def build_plugin(folders, output: str | Path | None = None, *, compiler: str | N
     """Compiles the op folders into one shared library and returns its path (for OPFORGE_PLUGINS).
     Without `output`, the library goes to cache_dir() under a name made from the sources, the
     headers and the compiler, and an unchanged plugin is not compiled again."""
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor  # here, not at import: `import opforge` loads this module
     folders = [Path(f).resolve() for f in ([folders] if isinstance(folders, (str, Path)) else folders)]
     if not folders:
         raise PluginError("build_plugin(): 'folders' must name at least one op folder, got none")
@@ -153,6 +155,8 @@ def build_plugin(folders, output: str | Path | None = None, *, compiler: str | N
 
 
 def _run(command: list[str], what: str, verbose: bool) -> None:
+    import subprocess
+
     if verbose:
         print(" ".join(command), file=sys.stderr)
     done = subprocess.run(command, capture_output=True, text=True)
