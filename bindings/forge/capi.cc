@@ -58,10 +58,6 @@ FORGE_EXPORT int forge_synchronize(int64_t device) {
   return guarded([=] { synchronize_device(static_cast<int>(device)); return 0; }, -1);
 }
 
-FORGE_EXPORT int forge_synchronize_started(int64_t device) {
-  return guarded([=] { synchronize_started_streams(static_cast<int>(device)); return 0; }, -1);
-}
-
 // which: 0 allocated bytes, 1 reserved bytes, 2 peak allocated, 3 peak reserved, 4 requested
 // bytes, 5 live allocations, 6 segments (mapped blocks, in use or cached).
 FORGE_EXPORT int64_t forge_memory_stat(int64_t device, int which) {

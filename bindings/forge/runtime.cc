@@ -471,12 +471,8 @@ void set_current_stream(int device, int64_t id) {
 
 void synchronize_device(int device) {
   check_device(device, "synchronize");
-  const int64_t n = std::max<int64_t>(stream_count(device), 1);
-  for (int64_t i = 0; i < n; ++i) stream(device, i).synchronize();
-}
-
-void synchronize_started_streams(int device) {
-  check_device(device, "synchronize");
+  // Only the streams that exist: one not started yet has nothing queued (and starting one here
+  // would start its worker thread, at exit too).
   for (int64_t i = 0, n = stream_count(device); i < n; ++i) stream(device, i).synchronize();
 }
 

@@ -125,8 +125,6 @@ int64_t stream_count(int device);
 Stream& current_stream(int device);
 void set_current_stream(int device, int64_t id);
 void synchronize_device(int device);
-// synchronize_device without starting stream 0 where no stream has started (for the exit drain).
-void synchronize_started_streams(int device);
 
 // ---- events ------------------------------------------------------------------------------
 

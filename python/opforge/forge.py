@@ -54,8 +54,7 @@ def _load_library() -> ctypes.CDLL:
         ("forge_last_error", [], c_char_p), ("forge_registration_errors", [], c_char_p),
         ("forge_torch_version", [], c_char_p), ("forge_device_count", [], c_int), ("forge_init_error", [], c_char_p),
         ("forge_init", [], c_int), ("forge_current_device", [], c_int), ("forge_set_device", [c_int64], c_int),
-        ("forge_synchronize", [c_int64], c_int), ("forge_synchronize_started", [c_int64], c_int),
-        ("forge_memory_stat", [c_int64, c_int], c_int64),
+        ("forge_synchronize", [c_int64], c_int), ("forge_memory_stat", [c_int64, c_int], c_int64),
         ("forge_reset_peak", [c_int64], c_int), ("forge_empty_cache", [], None), ("forge_set_caching", [c_int], None),
         ("forge_caching", [], c_int), ("forge_protection", [], c_int), ("forge_set_fallback_mode", [c_int], None),
         ("forge_fallback_mode", [], c_int), ("forge_clear_fallback_ops", [], None), ("forge_fallback_ops", [], c_char_p),
@@ -395,7 +394,7 @@ def _drain_at_exit() -> None:
     exception"). Like an asynchronous device error nobody synchronized on, a failed task is
     reported on stderr, not raised."""
     for device in range(_lib.forge_device_count()):
-        if _lib.forge_synchronize_started(device) < 0:  # ctypes releases the GIL: the worker can finish
+        if _lib.forge_synchronize(device) < 0:  # ctypes releases the GIL: the worker can finish
             print(f"opforge.forge: at exit: {_lib.forge_last_error().decode()}", file=sys.stderr)
 
 
