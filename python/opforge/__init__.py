@@ -101,6 +101,7 @@ def info() -> dict:
     }
 
 
+# opforge's submodules, imported or not: no op may take their names (nor any attribute's).
 _SUBMODULES = {"cli", "forge", "jax", "plugins", "references", "scaffold", "testing", "torch", "tour"}
 for _name in _core.op_names():
     # Only a plugin's op can get here with such a name (new-op and the built-in ops avoid them).

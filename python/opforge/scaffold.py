@@ -40,12 +40,9 @@ def _check_name(name: str, ops_dir: Path, backward: bool) -> None:
         import opforge
     except ImportError:  # a checkout without a build: the folders above are all there is to check
         return
-    import pkgutil
-
     # Ops become attributes of the opforge module: no op may take the name of one, nor of a
-    # submodule not imported yet (opforge.torch, opforge.jax, ...).
-    submodules = {m.name for m in pkgutil.iter_modules(opforge.__path__)} | {"references", "templates", "include"}
-    taken = {op["name"] for op in opforge.ops()} | set(dir(opforge)) | submodules
+    # submodule not imported yet (the same rule `import opforge` enforces on plugins).
+    taken = {op["name"] for op in opforge.ops()} | set(dir(opforge)) | opforge._SUBMODULES
     for used in [name] + ([f"{name}_backward"] if backward else []):
         if used in taken:
             raise ScaffoldError(f"new-op: 'name' {used!r} is already an op or an attribute of the "

@@ -118,3 +118,13 @@ def test_refuses_when_no_template_is_found(tmp_path, monkeypatch):
     with pytest.raises(ScaffoldError, match=r"new-op: no template: neither .*ops/add_one nor .*nothing/add_one"):
         new_op("scale_by", tmp_path)
     assert not (tmp_path / "ops").exists()
+
+
+def test_the_reserved_submodule_names_are_opforges_submodules():
+    # import opforge and new-op refuse ops named like these; a new submodule must join the list.
+    import pkgutil
+
+    import opforge
+
+    found = {m.name for m in pkgutil.iter_modules(opforge.__path__) if m.name[0].isalpha() and not m.name.startswith("lib")}
+    assert found == opforge._SUBMODULES
