@@ -105,6 +105,7 @@ def build_plugin(folders, output: str | Path | None = None, *, compiler: str | N
     headers and the compiler, and an unchanged plugin is not compiled again."""
     import tempfile
     from concurrent.futures import ThreadPoolExecutor  # here, not at import: `import opforge` loads this module
+
     folders = [Path(f).resolve() for f in ([folders] if isinstance(folders, (str, Path)) else folders)]
     if not folders:
         raise PluginError("build_plugin(): 'folders' must name at least one op folder, got none")
@@ -112,9 +113,10 @@ def build_plugin(folders, output: str | Path | None = None, *, compiler: str | N
     if len(set(names)) != len(names):
         raise PluginError(f"build_plugin(): 'folders' must have distinct names, got {names}")
     sources = _sources(folders)
-    compiler = compiler or os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    asked = compiler or os.environ.get("CXX")
+    compiler = shutil.which(asked) if asked else shutil.which("g++") or shutil.which("c++")
     if not compiler:
-        raise PluginError("build_plugin(): no C++ compiler found (set CXX or install g++)")
+        raise PluginError(f"build_plugin(): no C++ compiler found ({f'{asked!r} is not a program' if asked else 'set CXX or install g++'})")
     if not (PACKAGE / "libopforge.so").exists() or not (include_dir() / "opforge" / "registry.h").exists():
         raise PluginError(f"build_plugin(): this opforge install has no libopforge.so or headers in {PACKAGE}")
     target = Path(output) if output else cache_dir() / f"opforge_plugin_{_key(sources, compiler)}.so"

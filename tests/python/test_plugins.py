@@ -118,6 +118,21 @@ def test_bad_folders(tmp_path):
         build_plugin(tmp_path / "empty")
     with pytest.raises(PluginError, match="'folders' must name at least one op folder"):
         build_plugin([])
+    (tmp_path / "a" / "same").mkdir(parents=True)
+    (tmp_path / "b" / "same").mkdir(parents=True)
+    with pytest.raises(PluginError, match=r"'folders' must have distinct names, got \['same', 'same'\]"):
+        build_plugin([tmp_path / "a" / "same", tmp_path / "b" / "same"])
+
+
+def test_a_missing_compiler(tmp_path, monkeypatch):
+    folder = tmp_path / "ops" / "x"
+    folder.mkdir(parents=True)
+    (folder / "x.cc").write_text("")
+    with pytest.raises(PluginError, match="no C\\+\\+ compiler found \\('/nonexistent/g\\+\\+' is not a program\\)"):
+        build_plugin(folder, compiler="/nonexistent/g++")
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    with pytest.raises(PluginError, match="'no-such-compiler' is not a program"):
+        build_plugin(folder)
 
 
 def test_a_plugin_redeclaring_an_op_fails_the_import(tmp_path):
