@@ -1,9 +1,14 @@
-// The op, kernel and backend tables, filled by static registrars at load time.
+// The op, kernel and backend tables, filled by static registrars at load time: libopforge's
+// own while it loads, a plugin's when opforge loads the plugin (at import, or later through
+// opforge.load_plugin while other threads may be running ops: hence the lock).
 #include "opforge/registry.h"
 
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
+#include <shared_mutex>
 
 #include "opforge/backend.h"
 
@@ -23,6 +28,16 @@ std::vector<std::unique_ptr<Backend>>& backend_table() {
   static std::vector<std::unique_ptr<Backend>> table;
   return table;
 }
+// Ops whose kernel lists may no longer change (seal_ops): calls read those lists unlocked.
+std::set<std::string, std::less<>>& sealed_ops() {
+  static std::set<std::string, std::less<>> sealed;
+  return sealed;
+}
+// Guards the op and kernel tables' structure: writers are registrars, readers every call.
+std::shared_mutex& table_mutex() {
+  static std::shared_mutex mutex;
+  return mutex;
+}
 }  // namespace
 
 static std::vector<std::string>& error_table() {
@@ -35,19 +50,23 @@ bool register_op(const char* name, OpDef (*declare)()) {
     OpDef op = declare();
     if (op.name() != name)
       fail(ErrorKind::value, "OPFORGE_OP(", name, ") declares a schema named '", op.name(), "'");
+    std::unique_lock lock(table_mutex());
     auto [it, inserted] = op_table().emplace(op.name(), std::move(op));
     if (!inserted) fail(ErrorKind::value, "op '", name, "' is declared twice (two folders under ops/ with one name?)");
     return true;
   } catch (const std::exception& e) {
+    std::unique_lock lock(table_mutex());
     error_table().push_back(str("op '", name, "': ", e.what()));
     return false;
   }
 }
 
+static const OpDef* lookup_op_unlocked(std::string_view name);
+
 // Backward declarations can only be checked once every op has loaded.
-static void check_backward(const OpDef& op, std::vector<std::string>& errors) {
+static void check_backward_unlocked(const OpDef& op, std::vector<std::string>& errors) {
   if (op.backward_op().empty()) return;
-  const OpDef* bwd = lookup_op(op.backward_op());
+  const OpDef* bwd = lookup_op_unlocked(op.backward_op());
   if (!bwd) {
     errors.push_back(str("op '", op.name(), "': backward op '", op.backward_op(), "' is not registered"));
     return;
@@ -62,30 +81,54 @@ static void check_backward(const OpDef& op, std::vector<std::string>& errors) {
 }
 
 std::vector<std::string> registration_errors() {
+  std::shared_lock lock(table_mutex());
   std::vector<std::string> errors = error_table();
-  for (const auto& [_, op] : op_table()) check_backward(op, errors);
+  for (const auto& [_, op] : op_table()) check_backward_unlocked(op, errors);
+  for (const auto& [name, _] : kernel_table())
+    if (!op_table().count(name))
+      errors.push_back(str("a kernel is registered for op '", name, "', which no OPFORGE_OP declares"));
   return errors;
 }
 
 bool register_kernel(std::string_view op, std::string_view backend, std::vector<DType> dtypes,
                      KernelFn fn) {
+  std::unique_lock lock(table_mutex());
+  if (sealed_ops().count(op)) {
+    // Running calls read this op's kernel list without the lock; it must not move under them.
+    error_table().push_back(str("a ", backend, " kernel for op '", op, "' comes from a library loaded after the op: ",
+                                "a plugin may add kernels only to the ops it declares"));
+    return false;
+  }
   kernel_table()[std::string(op)].push_back({std::string(backend), std::move(dtypes), fn});
   return true;
 }
 
-const OpDef* lookup_op(std::string_view name) {
+void seal_ops() {
+  std::unique_lock lock(table_mutex());
+  for (const auto& [name, _] : op_table()) sealed_ops().insert(name);
+}
+
+static const OpDef* lookup_op_unlocked(std::string_view name) {
   auto it = op_table().find(name);
   return it == op_table().end() ? nullptr : &it->second;
 }
 
+const OpDef* lookup_op(std::string_view name) {
+  std::shared_lock lock(table_mutex());
+  return lookup_op_unlocked(name);
+}
+
 const OpDef& find_op(std::string_view name) {
-  if (const OpDef* op = lookup_op(name)) return *op;
+  std::shared_lock lock(table_mutex());
+  if (const OpDef* op = lookup_op_unlocked(name)) return *op;
   std::string known;
   for (const auto& [n, _] : op_table()) known += (known.empty() ? "" : ", ") + n;
+  lock.unlock();
   fail(ErrorKind::value, "unknown op '", name, "' (known ops: ", known, ")");
 }
 
 std::vector<const OpDef*> all_ops() {
+  std::shared_lock lock(table_mutex());
   std::vector<const OpDef*> ops;
   for (const auto& [_, op] : op_table()) ops.push_back(&op);
   return ops;
@@ -93,6 +136,7 @@ std::vector<const OpDef*> all_ops() {
 
 const std::vector<KernelEntry>& kernels_of(std::string_view op) {
   static const std::vector<KernelEntry> none;
+  std::shared_lock lock(table_mutex());
   auto it = kernel_table().find(op);
   return it == kernel_table().end() ? none : it->second;
 }

@@ -15,6 +15,7 @@
 
 namespace opforge::forge {
 std::string& op_registration_errors();
+const char* register_new_ops();
 
 namespace {
 thread_local std::string last_error;
@@ -38,6 +39,8 @@ using namespace opforge::forge;
 
 FORGE_EXPORT const char* forge_last_error() { return last_error.c_str(); }
 FORGE_EXPORT const char* forge_registration_errors() { return op_registration_errors().c_str(); }
+// The forge kernels of ops a plugin added since (opforge.load_plugin); "" or this call's problems.
+FORGE_EXPORT const char* forge_register_new_ops() { return register_new_ops(); }
 FORGE_EXPORT const char* forge_torch_version() { return OPFORGE_FORGE_TORCH_VERSION; }
 FORGE_EXPORT int forge_device_count() { return device_count(); }
 FORGE_EXPORT const char* forge_init_error() { return init_error().c_str(); }

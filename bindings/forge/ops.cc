@@ -5,6 +5,10 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <mutex>
+#include <set>
+#include <string>
+
 #include "bindings/common/aten_dtype.h"
 #include "opforge/dispatch.h"
 #include "opforge/registry.h"
@@ -123,17 +127,40 @@ std::string& op_registration_errors() {
   return *errors;
 }
 
+namespace {
+
+// Registers the forge kernel of every op that has none yet: all of them while this library
+// loads, a plugin's later. Never throws: a failure is recorded for Python to raise.
+void implement_new(torch::Library& m, std::string& errors) {
+  static auto* implemented = new std::set<std::string>();
+  for (const OpDef* op : all_ops()) {
+    if (!implemented->insert(op->name()).second) continue;
+    try {
+      m.impl(op->name().c_str(), torch::CppFunction::makeFromBoxedFunction<&boxed>());
+    } catch (const std::exception& e) {
+      errors += "registering " + op->name() + " for forge failed: " + e.what() + "\n";
+    }
+  }
+}
+
+}  // namespace
+
+// The forge kernels of the ops a plugin added after this library loaded. Returns "" or this
+// call's problems; the library made here is never destroyed (its registrations die with it).
+const char* register_new_ops() {
+  static std::mutex mutex;
+  static auto* errors = new std::string();
+  std::lock_guard lock(mutex);
+  errors->clear();
+  implement_new(*new torch::Library(torch::Library::IMPL, "opforge", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__),
+                *errors);
+  return errors->c_str();
+}
+
 }  // namespace opforge::forge
 
 // Registered by name before libopforge_torch.so defines the ops (torch accepts an impl ahead
-// of its def), so loading this library does not depend on the order. Never throws: a failure
-// is recorded for Python to raise as ImportError.
+// of its def), so loading this library does not depend on the order.
 TORCH_LIBRARY_IMPL(opforge, PrivateUse1, m) {
-  for (const opforge::OpDef* op : opforge::all_ops()) {
-    try {
-      m.impl(op->name().c_str(), torch::CppFunction::makeFromBoxedFunction<&opforge::forge::boxed>());
-    } catch (const std::exception& e) {
-      opforge::forge::op_registration_errors() += "registering " + op->name() + " for forge failed: " + e.what() + "\n";
-    }
-  }
+  opforge::forge::implement_new(m, opforge::forge::op_registration_errors());
 }

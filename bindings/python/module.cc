@@ -139,6 +139,7 @@ NB_MODULE(_core, m) {
 
   m.def("registration_errors", &registration_errors,
         "Ops whose declaration failed at load time (bad schema, duplicate name).");
+  m.def("seal_ops", &seal_ops, "Freezes the kernel lists of the ops registered so far (before a plugin loads).");
   m.def("op", [](const std::string& name) { return PyOp{&find_op(name)}; }, nb::arg("name"),
         "The registered op `name`.");
   m.def("op_names", [] {

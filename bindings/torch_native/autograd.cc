@@ -20,7 +20,9 @@
 #include <torch/library.h>
 
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -270,9 +272,29 @@ std::shared_ptr<Plan> make_plan(const OpDef& op) {
   return plan;
 }
 
-std::string& registration_errors() {
+std::string& load_errors() {
   static std::string errors;
   return errors;
+}
+
+// Ops given their Autograd kernel so far, by name.
+std::set<std::string>& implemented() {
+  static std::set<std::string> names;
+  return names;
+}
+
+// Registers the Autograd kernel of every op that has none yet (all of them while this library
+// loads; a plugin's, later). A failure is recorded, never thrown: throwing from a static
+// initializer would abort the process.
+void implement_new(torch::Library& m, std::string& errors) {
+  for (const opforge::OpDef* op : opforge::all_ops()) {
+    if (!implemented().insert(op->name()).second) continue;
+    try {
+      m.impl(op->name().c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AutogradKernel>(make_plan(*op))));
+    } catch (const std::exception& e) {
+      errors += "autograd kernel of '" + op->name() + "': " + e.what() + "\n";
+    }
+  }
 }
 
 }  // namespace
@@ -280,20 +302,26 @@ std::string& registration_errors() {
 }  // namespace opforge::torch_native
 
 // Every op opforge registered with torch (libopforge_torch.so, loaded before this library,
-// defined them all) gets its Autograd kernel. A failure is recorded, never thrown: throwing
-// from a static initializer would abort the process.
+// defined them all) gets its Autograd kernel.
 TORCH_LIBRARY_IMPL(opforge, Autograd, m) {
-  using namespace opforge::torch_native;
-  for (const opforge::OpDef* op : opforge::all_ops()) {
-    try {
-      m.impl(op->name().c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AutogradKernel>(make_plan(*op))));
-    } catch (const std::exception& e) {
-      registration_errors() += "autograd kernel of '" + op->name() + "': " + e.what() + "\n";
-    }
-  }
+  opforge::torch_native::implement_new(m, opforge::torch_native::load_errors());
 }
 
 // Empty when every op got its kernel; otherwise one line per problem (opforge.torch raises it).
 OPFORGE_TORCH_EXPORT const char* opforge_torch_native_registration_errors() {
-  return opforge::torch_native::registration_errors().c_str();
+  return opforge::torch_native::load_errors().c_str();
+}
+
+// The Autograd kernels of the ops defined since this library loaded (a plugin loaded later:
+// libopforge_torch.so has defined them first). Returns "" or this call's problems. The library
+// made here is never destroyed: its registrations last as long as it does.
+OPFORGE_TORCH_EXPORT const char* opforge_torch_native_register_new_ops() {
+  using namespace opforge::torch_native;
+  static std::mutex mutex;
+  static std::string errors;
+  std::lock_guard lock(mutex);
+  errors.clear();
+  implement_new(*new torch::Library(torch::Library::IMPL, "opforge", c10::DispatchKey::Autograd, __FILE__, __LINE__),
+                errors);
+  return errors.c_str();
 }

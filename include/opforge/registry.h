@@ -24,12 +24,16 @@ bool register_op(const char* name, OpDef (*declare)());
 std::vector<std::string> registration_errors();
 bool register_kernel(std::string_view op, std::string_view backend, std::vector<DType> dtypes,
                      KernelFn fn);
+// Freezes the kernel lists of the ops registered so far: a library loaded later (a plugin) may
+// not add kernels to them, since calls read those lists without a lock. Called before each
+// plugin loads; a plugin that tries is reported by registration_errors().
+void seal_ops();
 
 // Error(value) naming the known ops when `name` is not one of them.
 const OpDef& find_op(std::string_view name);
 const OpDef* lookup_op(std::string_view name);
 std::vector<const OpDef*> all_ops();  // sorted by name
-// Stable references: the tables only grow while libraries load.
+// Stable references: the tables only grow while libraries load, and a sealed op's list not at all.
 const std::vector<KernelEntry>& kernels_of(std::string_view op);
 
 }  // namespace opforge

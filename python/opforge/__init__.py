@@ -31,11 +31,12 @@ from ._core import (
 
 __version__ = _core.__version__
 
-from .plugins import PluginError, build_plugin, load_from_environment as _load_plugins  # noqa: E402
+from . import plugins as _plugins_module  # noqa: E402
+from .plugins import PluginError, build_plugin  # noqa: E402
 
 # Ops compiled apart from this build (opforge.build_plugin), loaded before the functions below
 # are made so that they are opforge ops like the rest; their registration errors surface here too.
-plugins = _load_plugins()
+plugins = _plugins_module.load_from_environment()
 
 if _core.registration_errors():
     raise ImportError("opforge: some ops failed to register:\n  " + "\n  ".join(_core.registration_errors()))
@@ -103,13 +104,47 @@ def info() -> dict:
 
 # opforge's submodules, imported or not: no op may take their names (nor any attribute's).
 _SUBMODULES = {"cli", "forge", "jax", "plugins", "references", "scaffold", "testing", "torch", "tour"}
-for _name in _core.op_names():
-    # Only a plugin's op can get here with such a name (new-op and the built-in ops avoid them).
-    if _name in globals() or _name in _SUBMODULES:
-        raise ImportError(f"opforge: op '{_name}' would replace opforge.{_name}; rename the op "
-                          f"(plugins: {', '.join(plugins) or 'none'})")
-    globals()[_name] = _make_function(_core.op(_name))
-del _name
+
+
+def _add_functions(names: list[str], error: type[Exception] = ImportError) -> None:
+    for name in names:
+        # Only a plugin's op can get here with such a name (new-op and the built-in ops avoid them).
+        if name in globals() or name in _SUBMODULES:
+            raise error(f"opforge: op '{name}' would replace opforge.{name}; rename the op "
+                        f"(plugins: {', '.join(plugins) or 'none'})")
+    for name in names:
+        globals()[name] = _make_function(_core.op(name))
+
+
+_add_functions(_core.op_names())
+
+
+def load_plugin(library: str | _Path) -> list[str]:
+    """Loads a plugin library (from build_plugin) into this running process and returns the
+    names of the ops it added. They are then opforge ops like the rest, in the frontends already
+    imported and in those imported later: opforge.<op>, torch.ops.opforge.<op> (autograd,
+    torch.compile, forge) with opforge.torch.<op>, opforge.jax.<op>.
+
+    Loading a library again adds nothing. An op already loaded cannot be replaced: a changed
+    op needs a new process (or a new name). PluginError when the library cannot be loaded or
+    its ops are rejected; what did register before the error stays registered."""
+    path = str(_Path(library).resolve())
+    if any(str(_Path(p).resolve()) == path for p in plugins):
+        return []
+    names_before, errors_before = set(_core.op_names()), set(_core.registration_errors())
+    _plugins_module.load(path, PluginError, "load_plugin()")
+    plugins.append(path)
+    errors = [e for e in _core.registration_errors() if e not in errors_before]
+    if errors:
+        hint = ("\n(an op already loaded cannot be replaced in a running process: start a new one, or rename "
+                "the op)" if any("declared twice" in e for e in errors) else "")
+        raise PluginError(f"load_plugin(): {path}: some ops failed to register:\n  " + "\n  ".join(errors) + hint)
+    added = [name for name in _core.op_names() if name not in names_before]
+    _add_functions(added, PluginError)
+    for module in ("opforge.torch", "opforge.forge", "opforge.jax"):  # torch defines the ops forge implements
+        if module in _sys.modules:
+            _sys.modules[module]._add_ops(added)
+    return added
 
 
 def _load_torch_adapter() -> None:

@@ -52,6 +52,7 @@ def _load_library() -> ctypes.CDLL:
     c_char_p, c_int, c_int64 = ctypes.c_char_p, ctypes.c_int, ctypes.c_int64
     for name, args, res in [
         ("forge_last_error", [], c_char_p), ("forge_registration_errors", [], c_char_p),
+        ("forge_register_new_ops", [], c_char_p),
         ("forge_torch_version", [], c_char_p), ("forge_device_count", [], c_int), ("forge_init_error", [], c_char_p),
         ("forge_init", [], c_int), ("forge_current_device", [], c_int), ("forge_set_device", [c_int64], c_int),
         ("forge_synchronize", [c_int64], c_int), ("forge_memory_stat", [c_int64, c_int], c_int64),
@@ -396,6 +397,13 @@ def _drain_at_exit() -> None:
     for device in range(_lib.forge_device_count()):
         if _lib.forge_synchronize(device) < 0:  # ctypes releases the GIL: the worker can finish
             print(f"opforge.forge: at exit: {_lib.forge_last_error().decode()}", file=sys.stderr)
+
+
+def _add_ops(names: list[str]) -> None:
+    """Forge kernels for ops a plugin added after this module loaded (opforge.load_plugin)."""
+    errors = _lib.forge_register_new_ops()
+    if errors:
+        raise RuntimeError("opforge.forge: " + errors.decode())
 
 
 _lib = _load_library()

@@ -201,9 +201,15 @@ def _make_function(name: str):
     return function
 
 
-for _name in _core.op_names():
-    for _arg in _op(_name).attr_kinds:
-        if _arg in _RESERVED:
-            raise ImportError(f"opforge.jax: op '{_name}' uses the reserved attribute name '{_arg}'")
-    globals()[_name] = _make_function(_name)
-del _name, _platform, _capsule
+def _add_ops(names: list[str], error=ImportError) -> None:
+    """opforge.jax.<op> for each of `names`: every op at import, a plugin's (opforge.load_plugin) later."""
+    for name in names:
+        for arg in _op(name).attr_kinds:
+            if arg in _RESERVED:
+                raise error(f"opforge.jax: op '{name}' uses the reserved attribute name '{arg}'")
+    for name in names:
+        globals()[name] = _make_function(name)
+
+
+_add_ops(_core.op_names())
+del _platform, _capsule

@@ -8,9 +8,9 @@ libraries when it imports opforge, before it makes any op's functions, so a plug
 opforge ops like the built-in ones: `opforge.<op>` for NumPy and DLPack arrays,
 `torch.ops.opforge.<op>` with autograd and torch.compile, `opforge.jax.<op>` under jit, grad
 and vmap, and (from each folder's reference.py, kept beside the library) `opforge.references`,
-which the tour and `opforge.testing.reference` read. The frontends read the registry once per
-process: a plugin is loaded at import, not later. CUDA kernels (`.cu` files) are not compiled
-into plugins.
+which the tour and `opforge.testing.reference` read. `opforge.load_plugin(library)` loads one
+later, in a running process (a notebook): its ops join every frontend already imported too.
+CUDA kernels (`.cu` files) are not compiled into plugins.
 """
 
 from __future__ import annotations
@@ -167,27 +167,39 @@ def _run(command: list[str], what: str, verbose: bool) -> None:
                           f"{done.stderr.strip()[-6000:]}")
 
 
+def load(path: str, error: type[Exception] = ImportError, who: str = ENV_VAR) -> None:
+    """Loads one plugin library into the process (its ops register themselves as it loads) and
+    adds its references to opforge.references. `error` (naming `who`) when its ABI stamp is not
+    this opforge's or the library cannot be loaded. The ops registered before it are sealed
+    first: a plugin may not add kernels to them (their kernel lists are read without a lock)."""
+    import ctypes
+
+    from . import _core
+
+    stamp = abi_file(Path(path))
+    # A library without the stamp was linked by hand: loaded as its author asked.
+    if stamp.exists() and stamp.read_text().strip() != abi():
+        raise error(f"opforge: {who}: {path} was built against another opforge (other headers or version); "
+                    f"rebuild it: opforge build-plugin <its op folders>")
+    _core.seal_ops()
+    try:
+        ctypes.CDLL(path)
+    except OSError as e:
+        raise error(f"opforge: {who}: cannot load {path}: {e}") from None
+    refs = references_dir(Path(path))
+    if refs.is_dir():
+        import opforge.references
+
+        if str(refs) not in opforge.references.__path__:
+            opforge.references.__path__.append(str(refs))
+
+
 def load_from_environment() -> list[str]:
     """Loads the libraries named by OPFORGE_PLUGINS (called by `import opforge`, before the ops'
     functions are made); returns their paths. ImportError naming the variable and the library
     when one cannot be loaded."""
-    import ctypes
-
     loaded = []
     for path in filter(None, os.environ.get(ENV_VAR, "").split(os.pathsep)):
-        stamp = abi_file(Path(path))
-        # A library without the stamp was linked by hand: loaded as its author asked.
-        if stamp.exists() and stamp.read_text().strip() != abi():
-            raise ImportError(f"opforge: {ENV_VAR}: {path} was built against another opforge (other headers or "
-                              f"version); rebuild it: opforge build-plugin <its op folders>")
-        try:
-            ctypes.CDLL(path)
-        except OSError as error:
-            raise ImportError(f"opforge: {ENV_VAR}: cannot load {path}: {error}") from None
-        refs = references_dir(Path(path))
-        if refs.is_dir():
-            import opforge.references
-
-            opforge.references.__path__.append(str(refs))
+        load(path)
         loaded.append(path)
     return loaded

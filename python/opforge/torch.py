@@ -60,6 +60,7 @@ _native = ctypes.CDLL(str(_LIBRARY))  # the same loaded library: its two extern 
 _native.opforge_torch_registration_errors.restype = ctypes.c_char_p
 _native.opforge_torch_error_kind.argtypes = [ctypes.c_char_p]
 _native.opforge_torch_error_kind.restype = ctypes.c_int
+_native.opforge_torch_register_new_ops.restype = ctypes.c_char_p
 if _native.opforge_torch_registration_errors():
     raise ImportError("opforge.torch: " + _native.opforge_torch_registration_errors().decode())
 
@@ -69,21 +70,23 @@ if _native.opforge_torch_registration_errors():
 _NATIVE_LIBRARY = _LIBRARY.with_name("libopforge_torch_native.so")
 
 
-def _load_native() -> bool:
+def _load_native() -> ctypes.CDLL | None:
     version_file = _NATIVE_LIBRARY.with_suffix(".version")
     if os.environ.get("OPFORGE_TORCH_NATIVE", "1") == "0" or not version_file.exists():
-        return False
+        return None
     if version_file.read_text().strip() != torch.__version__:
-        return False
+        return None
     torch.ops.load_library(str(_NATIVE_LIBRARY))
-    errors = ctypes.CDLL(str(_NATIVE_LIBRARY)).opforge_torch_native_registration_errors
-    errors.restype = ctypes.c_char_p
-    if errors():
-        raise ImportError("opforge.torch: " + errors().decode())
-    return True
+    library = ctypes.CDLL(str(_NATIVE_LIBRARY))
+    for name in ("opforge_torch_native_registration_errors", "opforge_torch_native_register_new_ops"):
+        getattr(library, name).restype = ctypes.c_char_p
+    if library.opforge_torch_native_registration_errors():
+        raise ImportError("opforge.torch: " + library.opforge_torch_native_registration_errors().decode())
+    return library
 
 
-NATIVE_AUTOGRAD = _load_native()
+_native_library = _load_native()
+NATIVE_AUTOGRAD = bool(_native_library)
 if NATIVE_AUTOGRAD:
     _direct_call = ctypes.PyDLL(str(_NATIVE_LIBRARY)).opforge_torch_native_direct_call  # PyDLL: holds the GIL
     _direct_call.argtypes = [ctypes.c_char_p, ctypes.py_object]
@@ -334,14 +337,32 @@ def _stub_text() -> str:
     return "\n".join(lines) + "\n"
 
 
-_OPS = {name: _Op(name) for name in _core.op_names()}
-for _op in _OPS.values():
-    torch.library.register_fake(_op.overload, _fake_kernel(_op), lib=_LIB)
-    _setup_context, _backward = _autograd_rules(_op)
-    if not NATIVE_AUTOGRAD:
-        torch.library.register_autograd(_op.overload, _backward, setup_context=_setup_context, lib=_LIB)
-    globals()[_op.name] = _make_function(_op)
-del _op, _setup_context, _backward
+def _register(names: list[str]) -> None:
+    """The Python side of ops torch.ops.opforge already defines: fake kernels, autograd rules
+    (where the C++ ones are not loaded) and the opforge.torch functions."""
+    ops = {name: _Op(name) for name in names}
+    _OPS.update(ops)  # first: an op's backward op may be among them
+    for op in ops.values():
+        torch.library.register_fake(op.overload, _fake_kernel(op), lib=_LIB)
+        setup_context, backward = _autograd_rules(op)
+        if not NATIVE_AUTOGRAD:
+            torch.library.register_autograd(op.overload, backward, setup_context=setup_context, lib=_LIB)
+        globals()[op.name] = _make_function(op)
+
+
+def _add_ops(names: list[str]) -> None:
+    """Makes ops a plugin added after this module loaded (opforge.load_plugin) torch operators
+    like the rest: defined with CPU and CUDA kernels, C++ autograd where loaded, then the above."""
+    errors = _native.opforge_torch_register_new_ops()
+    if not errors and NATIVE_AUTOGRAD:
+        errors = _native_library.opforge_torch_native_register_new_ops()
+    if errors:
+        raise RuntimeError("opforge.torch: " + errors.decode())
+    _register(names)
+
+
+_OPS: dict[str, _Op] = {}
+_register(_core.op_names())
 
 
 def _main(argv: list[str]) -> int:

@@ -1,7 +1,9 @@
 """Ops compiled apart from opforge's build: `opforge new-op` writes an op, the test edits its
 kernel, `build_plugin` compiles it, and a new process with OPFORGE_PLUGINS uses it from NumPy,
 torch (autograd, torch.compile) and JAX (jit, grad, vmap), with the same errors as a built-in
-op. Then the failures: compiler errors, a duplicate op, a library that does not load."""
+op; `opforge.load_plugin` does the same in a running process, whichever frontends it has
+imported. Then the failures: compiler errors, a duplicate op, a library that does not load, a
+plugin adding kernels to an op it did not declare."""
 
 import os
 import subprocess
@@ -47,8 +49,8 @@ def plus_two(tmp_path_factory):
     return root, cache, path
 
 
-PLUS_TWO_EVERYWHERE = """
-import numpy as np, torch, jax, jax.numpy as jnp, opforge, opforge.torch as ot, opforge.jax as oj
+# Every frontend runs plus_two (opforge, torch, jax and the rest imported by the code before it).
+CHECK_PLUS_TWO = """
 x = np.arange(5.0, dtype=np.float32)
 assert opforge.plugins and "plus_two" in [o["name"] for o in opforge.ops()]
 assert opforge.info()["plugins"] == opforge.plugins
@@ -73,13 +75,139 @@ np.testing.assert_array_equal(ref.numpy(x), x + 2)  # the plugin's reference.py,
 for target in opforge.simd_targets():
     opforge.set_simd_target(target)
     np.testing.assert_array_equal(opforge.plus_two(np.arange(37.0)), np.arange(37.0) + 2)
-print("ok")
+opforge.set_simd_target("")
 """
+IMPORT_ALL = "import numpy as np, torch, jax, jax.numpy as jnp, opforge, opforge.torch as ot, opforge.jax as oj\n"
 
 
 def test_plugin_op_runs_in_every_framework(plus_two):
     _, _, path = plus_two
-    out = run_with_plugins(PLUS_TWO_EVERYWHERE, path)
+    out = run_with_plugins(IMPORT_ALL + CHECK_PLUS_TWO + "print('ok')", path)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-4000:]
+
+
+def run_python(code, **env):
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, "OPFORGE_PLUGINS": "", **env},
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["cxx_autograd", "python_autograd"])
+def test_load_plugin_after_every_frontend_imported(plus_two, native):
+    """A notebook's case: torch, the forge device and JAX are in use when the op is loaded."""
+    _, _, path = plus_two
+    forge = "import opforge.forge\n" if (Path(opforge.__file__).parent / "libopforge_forge.so").exists() else ""
+    code = (IMPORT_ALL + forge + "assert not hasattr(opforge, 'plus_two') and not hasattr(ot, 'plus_two')\n"
+            f"assert opforge.load_plugin({str(path)!r}) == ['plus_two', 'plus_two_backward']\n"
+            f"assert opforge.load_plugin({str(path)!r}) == []  # again: nothing new\n" + CHECK_PLUS_TWO +
+            "assert torch.equal(ot.plus_two(torch.ones(3)), torch.full((3,), 3.0))\n"
+            "if 'opforge.forge' in __import__('sys').modules:\n"
+            "    assert torch.equal(ot.plus_two(torch.ones(3, device='forge')).cpu(), torch.full((3,), 3.0))\n"
+            "print('ok')")
+    out = run_python(code, OPFORGE_TORCH_NATIVE=native)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-4000:]
+
+
+def test_load_plugin_before_the_frameworks_import(plus_two):
+    _, _, path = plus_two
+    code = (f"import opforge\nopforge.load_plugin({str(path)!r})\n"
+            "import numpy as np, torch, jax, jax.numpy as jnp, opforge.torch as ot, opforge.jax as oj\n"
+            + CHECK_PLUS_TWO + "print('ok')")
+    out = run_python(code)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-4000:]
+
+
+def test_load_plugin_while_other_threads_run_ops(plus_two):
+    """The registry grows under a lock: threads calling ops meanwhile see whole tables."""
+    _, _, path = plus_two
+    code = f"""
+import threading, numpy as np, opforge
+stop, failures = False, []
+def work():
+    x = np.arange(1000.0)
+    while not stop:
+        try:
+            np.testing.assert_array_equal(opforge.add_one(x), x + 1)
+        except Exception as e:
+            failures.append(e)
+threads = [threading.Thread(target=work) for _ in range(4)]
+[t.start() for t in threads]
+opforge.load_plugin({str(path)!r})
+np.testing.assert_array_equal(opforge.plus_two(np.ones(3)), np.full(3, 3.0))
+stop = True
+[t.join() for t in threads]
+assert not failures, failures
+print('ok')
+"""
+    out = run_python(code)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-4000:]
+
+
+def test_load_plugin_refuses_a_changed_op(plus_two, tmp_path):
+    """An op cannot be replaced in a running process; the one loaded first keeps working."""
+    root, _, path = plus_two
+    kernel = root / "ops/plus_two/plus_two_cpu.cc"
+    original = kernel.read_text()
+    try:
+        kernel.write_text(original.replace("hn::Set(d, 2)", "hn::Set(d, 5)").replace("v + C(2)", "v + C(5)"))
+        changed = build_plugin([root / "ops/plus_two", root / "ops/plus_two_backward"], tmp_path / "changed.so")
+    finally:
+        kernel.write_text(original)
+    code = f"""
+import numpy as np, opforge
+opforge.load_plugin({str(path)!r})
+try:
+    opforge.load_plugin({str(changed)!r})
+except opforge.PluginError as e:
+    assert "op 'plus_two'" in str(e) and "declared twice" in str(e) and "cannot be replaced" in str(e), e
+else:
+    raise AssertionError("a second plus_two loaded")
+np.testing.assert_array_equal(opforge.plus_two(np.arange(40.0)), np.arange(40.0) + 2)
+print('ok')
+"""
+    out = run_python(code)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-4000:]
+
+
+def test_load_plugin_errors(tmp_path):
+    with pytest.raises(PluginError, match=f"load_plugin\\(\\): cannot load {tmp_path / 'nowhere.so'}"):
+        opforge.load_plugin(tmp_path / "nowhere.so")
+
+
+SNEAKY = """#include "opforge/registry.h"
+OPFORGE_OP(sneaky) {
+  return opforge::OpDef("sneaky(Tensor x) -> Tensor").shape([](const opforge::ShapeContext& c) {
+    return opforge::Outputs{c.like("x")}; });
+}
+static void zero(const opforge::KernelCall&) {}
+OPFORGE_KERNEL(%s, "cpu", {opforge::DType::float32}, zero);
+"""
+
+
+@pytest.mark.parametrize("target, message", [
+    ("add_one", "a cpu kernel for op 'add_one' comes from a library loaded after the op: a plugin may add kernels "
+                "only to the ops it declares"),
+    ("nobody", "a kernel is registered for op 'nobody', which no OPFORGE_OP declares"),
+])
+def test_a_plugin_may_add_kernels_only_to_its_own_ops(tmp_path, target, message):
+    folder = tmp_path / "ops" / "sneaky"
+    folder.mkdir(parents=True)
+    (folder / "sneaky.cc").write_text(SNEAKY % target)
+    path = build_plugin(folder, tmp_path / "sneaky.so")
+    out = run_with_plugins("import opforge", path)
+    assert out.returncode != 0 and "ImportError: opforge: some ops failed to register" in out.stderr
+    assert message in out.stderr, out.stderr[-2000:]
+    code = f"""
+import numpy as np, opforge
+try:
+    opforge.load_plugin({str(path)!r})
+except opforge.PluginError as e:
+    assert {message!r} in str(e), e
+else:
+    raise AssertionError("loaded")
+np.testing.assert_array_equal(opforge.add_one(np.arange(40.0, dtype=np.float32)), np.arange(40.0) + 1)
+print('ok')
+"""
+    out = run_python(code)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-4000:]
 
 
