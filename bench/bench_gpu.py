@@ -12,12 +12,14 @@ speedup over each competitor (their time / ours). linear_act is compute-bound: T
 torch.mm's float32 rate measured in the same run instead.
 
 opforge runs through torch.ops.opforge on CUDA tensors, on torch's current stream. torch
-implementations are timed with CUDA events around each call (median of --repeats); jax.jit,
+implementations are timed with CUDA events around one pass over the rotated inputs (median of
+--repeats passes, divided by the calls per pass); jax.jit,
 which runs on XLA's own stream, by wall clock over 10 back-to-back calls ended by one
 block_until_ready (dispatch overlaps the GPU work, as in real use), median of --repeats / 5.
 Inputs rotate among copies whose total is at least 3x the L2 cache, so no call finds its
-inputs in L2. Writes ops_cuda.csv (after each op, so an interrupted run keeps what it measured)
-and ops_cuda.md into --out (default bench/results). Without a CUDA device it says so and exits 0.
+inputs in L2. Writes ops_cuda.csv (after each op, so an interrupted run keeps what it measured),
+ops_cuda.md and ops_cuda.png (with matplotlib) into --out (default bench/results). Without a
+CUDA device it says so and exits 0.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib
+import importlib.util
 import math
 import statistics
 import sys
@@ -53,21 +56,23 @@ class Float32Rng:
 
 
 def cuda_events_median(fn, arg_sets, repeats, warmup=3):
-    """Median milliseconds of fn(*args) between two CUDA events on the current stream, the
-    argument sets taken in turn."""
+    """Median milliseconds per call of fn(*args), each sample one pass over the argument sets
+    between two CUDA events on the current stream. A pass of several calls keeps the GPU queue
+    full, so a kernel shorter than the host's dispatch is timed as the kernel, not the dispatch."""
     import torch
 
     for i in range(warmup):
         fn(*arg_sets[i % len(arg_sets)])
     pairs = []
-    for i in range(repeats):
+    for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn(*arg_sets[i % len(arg_sets)])
+        for args in arg_sets:
+            fn(*args)
         end.record()
         pairs.append((start, end))
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+    return statistics.median(s.elapsed_time(e) for s, e in pairs) / len(arg_sets)
 
 
 def jax_median(fn, arg_sets, repeats, inner=10):
@@ -123,6 +128,8 @@ def implementations(name, ref, attrs, compile_torch, use_jax):
     if use_jax and hasattr(ref, "jax"):
         import jax
 
+        # XLA's default matmul precision on an H100 is TF32; torch's (and opforge's) is float32.
+        jax.config.update("jax_default_matmul_precision", "highest")
         impls["jax.jit"] = (jax.jit(lambda *a: ref.jax(*a, **attrs)), "jax")
     return impls
 
@@ -169,6 +176,19 @@ class Results:
         path.write_text("\n".join(lines) + "\n")
         return path
 
+    def plot(self, title, copy_gbs):
+        """ops_cuda.png: GB/s per op and implementation against the copy bandwidth (bandwidth rows only)."""
+        if importlib.util.find_spec("matplotlib") is None:
+            return "no PNG (matplotlib is not installed)"
+        import common
+
+        rows = [r for r in self.rows if r["unit"] == "GB/s"]
+        groups = list(dict.fromkeys(f"{r['op']} {r['shape']}" if r["op"] == "matmul_q" else r["op"] for r in rows))
+        impls = list(dict.fromkeys(r["impl"] for r in rows))
+        rate = {(f"{r['op']} {r['shape']}" if r["op"] == "matmul_q" else r["op"], r["impl"]): r["rate"] for r in rows}
+        series = {i: [rate.get((g, i), 0.0) for g in groups] for i in impls}
+        return common.bar_plot("ops_cuda", title, groups, series, "GB/s", copy_gbs, "device copy", self.out_dir)
+
 
 def out_of_time(args, what):
     if args.budget_s is not None and time.monotonic() - START > args.budget_s:
@@ -189,7 +209,11 @@ def bench_reference_ops(ops, args, results, copy_gbs, mm_tflops, l2_bytes):
         # float data in float32; integer inputs (scatter_add's index) keep their dtype
         base = [torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32 if np.issubdtype(a.dtype, np.floating)
                                                       else a.dtype)).cuda() for a in map(np.asarray, arrays)]
-        out = getattr(torch.ops.opforge, name)(*base, **attrs)
+        try:
+            out = getattr(torch.ops.opforge, name)(*base, **attrs)
+        except Exception as error:  # one op failing must not cost the others their rows
+            print(f"{name}: opforge failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
+            continue
         set_bytes = sum(t.numel() * t.element_size() for t in base)
         nbytes = set_bytes + out.numel() * out.element_size()
         sets = [base] + [[t.clone() for t in base] for _ in range(copies_for(set_bytes, l2_bytes) - 1)]
@@ -208,6 +232,8 @@ def bench_reference_ops(ops, args, results, copy_gbs, mm_tflops, l2_bytes):
             except Exception as error:  # a competitor failing (say, no jax GPU) is reported, not fatal
                 print(f"{name}: {impl} failed: {type(error).__name__}: {str(error)[:200]}", flush=True)
         shape = "x".join(map(str, base[0].shape))
+        if "opforge" not in times:
+            continue
         if hasattr(ref, "flops"):
             shapes_only = [np.broadcast_to(np.float32(0), tuple(t.shape)) for t in base[:2]]  # flops() reads shapes
             results.add(name, shape, times, "TFLOP/s", ref.flops(shapes_only), mm_tflops)
@@ -237,13 +263,19 @@ def bench_matmul_q(args, results, copy_gbs, l2_bytes):
             ws = [w] + [w.clone() for _ in range(copies - 1)]
             w32s = [w32] + [w32.clone() for _ in range(copies_for(w32.numel() * 4, l2_bytes) - 1)]
             w16s = [w16] + [w16.clone() for _ in range(copies_for(w16.numel() * 2, l2_bytes) - 1)]
-            times = {
-                "opforge": cuda_events_median(lambda wq: torch.ops.opforge.matmul_q(x, wq, fmt), [(t,) for t in ws],
-                                              args.repeats),
-                "torch f32 dequantized": cuda_events_median(lambda wd: x @ wd.T, [(t,) for t in w32s], args.repeats),
-                "torch f16 dequantized": cuda_events_median(lambda wd: x.half() @ wd.T, [(t,) for t in w16s],
-                                                            args.repeats),
+            candidates = {
+                "opforge": (lambda wq: torch.ops.opforge.matmul_q(x, wq, fmt), ws),
+                "torch f32 dequantized": (lambda wd: x @ wd.T, w32s),
+                "torch f16 dequantized": (lambda wd: x.half() @ wd.T, w16s),
             }
+            times = {}
+            for impl, (fn, weights) in candidates.items():
+                try:
+                    times[impl] = cuda_events_median(fn, [(t,) for t in weights], args.repeats)
+                except Exception as error:
+                    print(f"matmul_q {fmt} m={m}: {impl} failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
+            if "opforge" not in times:
+                continue
             nbytes = w.numel() + x.numel() * 4 + m * n * 4
             results.add("matmul_q", f"{fmt} {m}x{k} @ {n}x{k}^T", times, "GB/s", nbytes, copy_gbs)
             del ws, w32s, w16s
@@ -298,14 +330,16 @@ def main(argv=None):
               f"% of limit below is of that" + (f", or for linear_act of torch.mm float32: {mm_tflops:.1f} TFLOP/s"
                                                 if mm_tflops else "") + ".",
               f"float32, {COLS} columns, {args.mib} MiB per full-size input, inputs rotated past 3x the "
-              f"{l2_bytes >> 20} MiB L2; median of {args.repeats} (CUDA events; jax.jit: wall clock, see the script)."]
+              f"{l2_bytes >> 20} MiB L2; median of {args.repeats} passes over them (CUDA events; jax.jit: wall clock, "
+              "see the script)."]
     print("\n".join(header) + "\n", flush=True)
     print(f"{'op':<14} {'shape':<22} {'impl':<14} {'median µs':>10} {'rate':>9} {'unit':<8} {'% lim':>6} {'speedup':>9}")
     results = Results(args.out)
     bench_reference_ops([o for o in ops if o != "matmul_q"], args, results, copy_gbs, mm_tflops, l2_bytes)
     if "matmul_q" in ops:
         bench_matmul_q(args, results, copy_gbs, l2_bytes)
-    print(f"\nwrote {args.out / 'ops_cuda.csv'} and {results.markdown(header)}")
+    print(f"\nwrote {args.out / 'ops_cuda.csv'}, {results.markdown(header)} and "
+          f"{results.plot(f'opforge vs competitors (float32, {props.name})', copy_gbs)}")
     return 0
 
 

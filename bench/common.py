@@ -82,8 +82,9 @@ def write_csv(name: str, rows: list[dict]) -> Path:
 
 
 def bar_plot(name: str, title: str, groups: list[str], series: dict[str, list[float]], ylabel: str,
-             line: float | None = None, line_label: str = "") -> Path:
-    """Grouped bars (one group per op/size, one bar per implementation), optional reference line."""
+             line: float | None = None, line_label: str = "", out_dir: Path = RESULTS) -> Path:
+    """Grouped bars (one group per op/size, one bar per implementation), optional reference line;
+    written to out_dir/<name>.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,7 +101,7 @@ def bar_plot(name: str, title: str, groups: list[str], series: dict[str, list[fl
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = RESULTS / f"{name}.png"
+    path = Path(out_dir) / f"{name}.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -12,8 +12,22 @@
 # Logs, the summary and bench results go to $OUT when set (the device runner brings that back),
 # else bench/results/. The build uses build/gpu-deps (from --bundle-deps) when the system has no
 # Highway. Time budget: about 9 minutes in all; later steps get what the earlier ones left.
+#
+# All steps do not fit one 10-minute command: GPU_CHECK_STEPS (comma-separated step names, or
+# "all") picks them. The plan for one session: two calls on the same warm machine (the second
+# build is incremental):
+#   bash scripts/gpu_check.sh                                   # build, test_cuda,
+#                                                               # stable_abi_foreign_binary,
+#                                                               # memcheck, racecheck (the default)
+#   GPU_CHECK_STEPS=build,bench,suite bash scripts/gpu_check.sh # the benchmark, the whole suite
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+# The sources the carried adapter was built from: it calls into libopforge.so, so it must be
+# the same code as the build here (a digest, not a commit: the working tree travels without .git).
+sources_digest() {
+  find include src bindings/common bindings/torch -type f | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16
+}
 
 if [[ "${1:-}" == "--bundle-deps" ]]; then
   dest="${2:?usage: gpu_check.sh --bundle-deps DIR}"
@@ -29,6 +43,7 @@ if [[ "${1:-}" == "--bundle-deps" ]]; then
   python3 -c 'import opforge, os; print(os.path.join(os.path.dirname(opforge.__file__), "libopforge_torch.so"))' \
     | xargs -I{} cp {} "$dest/stable-abi/"
   python3 -c 'import torch; print(torch.__version__)' > "$dest/stable-abi/built-with-torch.txt"
+  sources_digest > "$dest/stable-abi/sources.txt"
   du -sh "$dest"
   exit 0
 fi
@@ -46,9 +61,16 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 
 # step NAME CAP_SECONDS COMMAND...: runs with min(CAP, time left), SIGINT first (pytest then
 # prints its summary), logs to $LOGS/gpu_check_NAME.log.
+STEPS=${GPU_CHECK_STEPS:-build,test_cuda,stable_abi_foreign_binary,memcheck,racecheck}
+wanted() { [[ $STEPS == all || ",$STEPS," == *",$1,"* ]]; }
+
 step() {
   local name=$1 cap=$2
   shift 2
+  if ! wanted "$name"; then
+    echo "=== $name: not in GPU_CHECK_STEPS ($STEPS)"
+    return
+  fi
   local budget
   budget=$(left)
   (( budget > cap )) && budget=$cap
@@ -84,8 +106,11 @@ fi
 cmake_args=(-Ccmake.define.CMAKE_CUDA_ARCHITECTURES=${GPU_CHECK_CUDA_ARCH:-90} -Ccmake.define.OPFORGE_CUDA=ON
             "-Cbuild-dir=${GPU_CHECK_BUILD_DIR:-build/gpu}")
 arch_dir="lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)"
-if ! ls /usr/"$arch_dir"/cmake/hwy/hwy-config.cmake /usr/lib/cmake/hwy/hwy-config.cmake /usr/local/lib/cmake/hwy/hwy-config.cmake > /dev/null 2>&1 \
-   && [[ -d build/gpu-deps ]]; then
+system_hwy=0
+for f in /usr/"$arch_dir"/cmake/hwy/hwy-config.cmake /usr/lib/cmake/hwy/hwy-config.cmake /usr/local/lib/cmake/hwy/hwy-config.cmake; do
+  [[ -e $f ]] && system_hwy=1
+done
+if (( ! system_hwy )) && [[ -d build/gpu-deps ]]; then
   deps="$PWD/build/gpu-deps"
   note "Highway: not on the system; using $deps"
   cmake_args+=("-Ccmake.define.hwy_DIR=$deps/$arch_dir/cmake/hwy")
@@ -116,7 +141,11 @@ step test_cuda 150 "${pytest[@]}" -rfEs tests/python/test_cuda.py
 # headers, TORCH_TARGET_VERSION 2.11), carried in build/gpu-deps/stable-abi/, loaded by this
 # machine's torch and run through the torch tests; then the native build is put back.
 stable="$PWD/build/gpu-deps/stable-abi/libopforge_torch.so"
-if [[ -f $stable ]]; then
+if ! wanted stable_abi_foreign_binary; then
+  :
+elif [[ -f $stable && "$(cat build/gpu-deps/stable-abi/sources.txt 2>/dev/null)" != "$(sources_digest)" ]]; then
+  note "SKIP  stable_abi_foreign_binary (the carried adapter was built from other sources: rerun --bundle-deps)"
+elif [[ -f $stable ]]; then
   site=$("$PY" -c 'import opforge, os; print(os.path.dirname(opforge.__file__))')
   note "stable ABI: adapter built with torch $(cat build/gpu-deps/stable-abi/built-with-torch.txt 2>/dev/null), running on $("$PY" -c 'import torch; print(torch.__version__)')"
   cp "$site/libopforge_torch.so" /tmp/libopforge_torch.native-build.so
@@ -132,7 +161,9 @@ SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /
 subset="torch_tensors_match_cpu and float32 or matmul_q_bits_match_cpu and (m9- or m70-) or strided_inputs and float16"
 # Without torch's caching allocator every tensor is its own allocation, so memcheck sees overruns
 # that would otherwise land inside a cached block.
-if [[ -z "$SAN" ]]; then
+if ! wanted memcheck && ! wanted racecheck; then
+  :
+elif [[ -z "$SAN" ]]; then
   note "FAIL  compute-sanitizer not found (memcheck and racecheck not run)"
   failed=1
 else
@@ -145,8 +176,9 @@ else
 fi
 
 # --- the benchmark (its tables are written as it goes) --------------------------------------------
-bench_budget=$(( $(left) - 150 ))
-(( bench_budget > 150 )) && bench_budget=150
+bench_budget=$(left)
+wanted suite && bench_budget=$(( bench_budget - 200 ))  # leave the suite its share
+(( bench_budget > 400 )) && bench_budget=400
 (( bench_budget < 30 )) && bench_budget=30
 step bench $((bench_budget + 60)) "$PY" bench/bench_gpu.py --mib 256 --repeats 30 --out "$LOGS" --budget-s "$bench_budget"
 

@@ -1,6 +1,7 @@
 // The one validator: turns an op's declaration into argument checks, then runs its shape rule.
 #include <algorithm>
 
+#include "opforge/backend.h"
 #include "opforge/dispatch.h"
 
 namespace opforge {
@@ -80,6 +81,25 @@ void run_kernel(const OpDef& op, const Selection& selection, const OpInputs& inp
   bool all_empty = !outputs.empty();
   for (const auto& out : outputs) all_empty = all_empty && out.numel() == 0;
   if (all_empty) return;
+  const Device device = outputs.empty() ? Device{} : outputs.front().device;
+  if (device.type != DeviceType::cuda) {
+    selection.fn(KernelCall(op, inputs, outputs, stream));
+    return;
+  }
+  // Launches go to the current device: make it the tensors' for the call, then put it back.
+  Backend& backend = *selection.backend;
+  const int32_t previous = backend.exchange_device(device.index);
+  struct Restore {
+    Backend& backend;
+    int32_t previous, index;
+    ~Restore() {
+      if (previous == index) return;
+      try {
+        backend.exchange_device(previous);
+      } catch (...) {  // never from a destructor; a kernel's error may be on its way out
+      }
+    }
+  } restore{backend, previous, device.index};
   selection.fn(KernelCall(op, inputs, outputs, stream));
 }
 

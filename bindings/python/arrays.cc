@@ -51,8 +51,14 @@ struct Owner {
   Backend* backend;
   void* ptr;
   Device device;
+  void* fence = nullptr;  // Backend::fence after the writing kernel; nullptr: free at once
 };
 }  // namespace
+
+void Allocation::fence(void* stream) const {
+  auto* o = static_cast<Owner*>(owner.data());
+  o->fence = o->backend->fence(o->device, stream);
+}
 
 Allocation allocate(Backend& backend, DType dtype, const std::vector<int64_t>& shape, Device device,
                     void* stream) {
@@ -65,7 +71,7 @@ Allocation allocate(Backend& backend, DType dtype, const std::vector<int64_t>& s
   auto* owner = new Owner{&backend, view.data, device};
   nb::capsule capsule(owner, [](void* p) noexcept {
     auto* o = static_cast<Owner*>(p);
-    o->backend->release(o->ptr, o->device);
+    o->backend->release(o->ptr, o->device, o->fence);
     delete o;
   });
   return {std::move(view), std::move(capsule)};
@@ -92,9 +98,10 @@ nb::object wrap(const Allocation& r, Framework framework) {
     case Framework::cupy: return wrap_as<nb::cupy>(r);
     case Framework::other: break;
   }
-  // Unknown array kinds get NumPy on the CPU and a DLPack-capable nanobind array elsewhere.
+  // Unknown array kinds get NumPy on the CPU and elsewhere nanobind's array-API object, which
+  // any DLPack consumer takes (__dlpack__, __dlpack_device__); no_framework would be a bare capsule.
   if (r.view.device.type == DeviceType::cpu) return wrap_as<nb::numpy>(r);
-  return wrap_as<nb::no_framework>(r);
+  return wrap_as<nb::array_api>(r);
 }
 
 void* current_stream(Framework framework, Device device) {

@@ -26,6 +26,9 @@ TensorView view_of(const nb::ndarray<nb::ro>& array);
 struct Allocation {
   TensorView view;
   nb::capsule owner;
+  // After the kernel that writes it is queued (or failed): frees the memory, whenever the
+  // capsule goes, only once the work queued on `stream` by then has finished.
+  void fence(void* stream) const;
 };
 Allocation allocate(Backend& backend, DType dtype, const std::vector<int64_t>& shape, Device device,
                     void* stream);

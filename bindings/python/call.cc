@@ -174,9 +174,24 @@ nb::object call_op(const OpDef& op, nb::args args, nb::kwargs kwargs) {
   }
   {
     nb::gil_scoped_release no_gil;  // kernels may run long and use the thread pool
-    run_kernel(op, selection, inputs, views, stream);
-    if (device.type == DeviceType::cuda && synchronizes_on_return(framework))
-      selection.backend->synchronize(device, stream);
+    const bool waits = device.type == DeviceType::cuda && synchronizes_on_return(framework);
+    // Results freed while the kernel may still write them (an error, or the caller dropping
+    // them early) must wait for it: stream-ordered memory is not freed in order on its own.
+    auto fence_results = [&] {
+      if (device.type == DeviceType::cuda && !waits)
+        for (const Allocation& r : results) r.fence(stream);
+    };
+    try {
+      run_kernel(op, selection, inputs, views, stream);
+    } catch (...) {
+      try {
+        fence_results();
+      } catch (...) {  // the kernel's error is the one to report
+      }
+      throw;
+    }
+    fence_results();
+    if (waits) selection.backend->synchronize(device, stream);
   }
   if (results.size() == 1) return wrap(results[0], framework);
   nb::list out;

@@ -158,7 +158,7 @@ OwnedTensor from_backend_memory(Backend& backend, const TensorView& view, std::p
   auto* owner = new Owner{&backend, view.device};
   auto release = [](void* ptr, void* ctx) {
     auto* o = static_cast<Owner*>(ctx);
-    o->backend->release(ptr, o->device);
+    o->backend->release(ptr, o->device, nullptr);  // CPU memory: nothing queued
     delete o;
   };
   AtenTensorHandle out = nullptr;

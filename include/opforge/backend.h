@@ -26,9 +26,18 @@ class Backend {
   // The device the calling thread has made current (CUDA's cudaGetDevice); 0 where there is one.
   virtual int32_t current_device() const { return 0; }
 
+  // Makes `index` the calling thread's current device (where CUDA launches and allocates) and
+  // returns the one it replaces; a no-op where the backend has one device.
+  virtual int32_t exchange_device(int32_t index) { return index; }
+
   // Memory on `device`, ordered on `stream` where the backend has streams.
   virtual void* allocate(int64_t bytes, Device device, void* stream) = 0;
-  virtual void release(void* ptr, Device device) = 0;
+  // A marker of the work queued on `stream` so far (CUDA: an event) for release(); nullptr
+  // where the backend has no streams.
+  virtual void* fence(Device /*device*/, void* /*stream*/) { return nullptr; }
+  // Frees memory from allocate() once the work `fence` marks has finished (nullptr: none
+  // pending), without waiting for it here. Never throws: it runs from destructors.
+  virtual void release(void* ptr, Device device, void* fence) noexcept = 0;
   virtual void copy(void* dst, const void* src, int64_t bytes, void* stream) = 0;
   virtual void synchronize(Device device, void* stream) = 0;
 };

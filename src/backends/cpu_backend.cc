@@ -95,7 +95,7 @@ class CpuBackend final : public Backend {
     if (!p) fail(ErrorKind::runtime, "cpu backend: out of memory allocating ", bytes, " bytes");
     return p;
   }
-  void release(void* ptr, Device) override {
+  void release(void* ptr, Device, void*) noexcept override {
     if (!cache_.give_back(ptr)) std::free(ptr);
   }
   void copy(void* dst, const void* src, int64_t bytes, void*) override {

@@ -44,25 +44,73 @@ class CudaBackend final : public Backend {
     check(cudaGetDevice(&device), "cudaGetDevice");
     return device;
   }
+  int32_t exchange_device(int32_t index) override {
+    const int32_t previous = current_device();
+    if (previous != index) check(cudaSetDevice(index), "cudaSetDevice");
+    return previous;
+  }
 
   void* allocate(int64_t bytes, Device device, void* stream) override {
-    check(cudaSetDevice(device.index), "cudaSetDevice");
+    OnDevice scope(device.index);
     void* p = nullptr;
     check(cudaMallocAsync(&p, bytes ? bytes : 1, static_cast<cudaStream_t>(stream)), "cudaMallocAsync");
     return p;
   }
-  void release(void* ptr, Device device) override {
-    cudaSetDevice(device.index);
-    cudaFree(ptr);  // synchronizes; safe whichever stream last used the memory
+  void* fence(Device device, void* stream) override {
+    OnDevice scope(device.index);
+    cudaEvent_t event = nullptr;
+    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    const cudaError_t status = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
+    if (status != cudaSuccess) cudaEventDestroy(event);
+    check(status, "cudaEventRecord");
+    return event;
+  }
+  // cudaFree does not wait for memory from cudaMallocAsync: the free is queued on this thread's
+  // default stream behind the fence, not on the caller's stream, which may be gone by now (a
+  // CuPy stream outlived by its results). Errors cannot be reported from here.
+  void release(void* ptr, Device device, void* fence) noexcept override {
+    int previous = -1;
+    if (cudaGetDevice(&previous) != cudaSuccess || (previous != device.index && cudaSetDevice(device.index) != cudaSuccess)) {
+      cudaGetLastError();
+      return;  // leaked: no context to free it in
+    }
+    if (fence) {
+      cudaStreamWaitEvent(cudaStreamPerThread, static_cast<cudaEvent_t>(fence), 0);
+      cudaEventDestroy(static_cast<cudaEvent_t>(fence));  // released once the wait is done
+    }
+    cudaFreeAsync(ptr, cudaStreamPerThread);
+    if (previous != device.index) cudaSetDevice(previous);
+    cudaGetLastError();
   }
   void copy(void* dst, const void* src, int64_t bytes, void* stream) override {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
           "cudaMemcpyAsync");
   }
   void synchronize(Device device, void* stream) override {
-    check(cudaSetDevice(device.index), "cudaSetDevice");
+    OnDevice scope(device.index);
     check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
   }
+
+ private:
+  // `index` current for the scope, the caller's device restored after (torch and CuPy read the
+  // current device as theirs: a call must not move it).
+  class OnDevice {
+   public:
+    explicit OnDevice(int index) {
+      check(cudaGetDevice(&previous_), "cudaGetDevice");
+      if (previous_ != index) check(cudaSetDevice(index), "cudaSetDevice");
+      index_ = index;
+    }
+    ~OnDevice() {
+      if (previous_ != index_) cudaSetDevice(previous_);
+    }
+    OnDevice(const OnDevice&) = delete;
+    OnDevice& operator=(const OnDevice&) = delete;
+
+   private:
+    int previous_ = 0;
+    int index_ = 0;
+  };
 };
 
 struct Registrar {

@@ -73,7 +73,7 @@ class FakeGpu final : public Backend {
   int score() const override { return 5; }
   int64_t device_count() const override { return 0; }
   void* allocate(int64_t, Device, void*) override { return nullptr; }
-  void release(void*, Device) override {}
+  void release(void*, Device, void*) noexcept override {}
   void copy(void*, const void*, int64_t, void*) override {}
   void synchronize(Device, void*) override {}
 };

@@ -49,8 +49,9 @@ __device__ __forceinline__ float quantize_lane_q8_0(float x, int8_t& q) {
   const float d = __fdiv_rn(__uint_as_float(amax), 127.0f);
   const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
   // roundf as the CPU kernel builds it: away from zero when |p| >= |t| + 0.5, exact since
-  // |t| < 2^23 (or p is integral). |p| <= 127 up to two roundings; the clamp only mirrors the
-  // CPU's saturating demotion for garbage (inf/NaN) blocks.
+  // |t| < 2^23 (or p is integral). |p| <= 127 up to two roundings, so the clamp changes no
+  // finite block; it keeps the conversion defined for garbage (inf/NaN) blocks, whose bytes
+  // the declaration leaves unspecified (the CPU keeps the low byte there instead).
   const float p = __fmul_rn(x, id), t = truncf(p);
   const float r = fabsf(p) >= __fadd_rn(fabsf(t), 0.5f) ? __fadd_rn(t, copysignf(1.0f, p)) : t;
   const int v = static_cast<int>(r);
