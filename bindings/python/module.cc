@@ -102,8 +102,16 @@ NB_MODULE(_core, m) {
   m.attr("__version__") = OPFORGE_VERSION;
 #ifdef OPFORGE_WITH_CUDA
   m.attr("built_with_cuda") = true;
+  // "80,90": the CMAKE_CUDA_ARCHITECTURES of this build, the nvcc it used and the CUDA
+  // libraries' folder (what opforge.build_plugin compiles and links a plugin's .cu files with).
+  m.attr("cuda_architectures") = OPFORGE_CUDA_ARCHITECTURES;
+  m.attr("cuda_compiler") = OPFORGE_CUDA_COMPILER;
+  m.attr("cuda_library_dir") = OPFORGE_CUDA_LIBRARY_DIR;
 #else
   m.attr("built_with_cuda") = false;
+  m.attr("cuda_architectures") = "";
+  m.attr("cuda_compiler") = "";
+  m.attr("cuda_library_dir") = "";
 #endif
 
   nb::class_<PyOp>(m, "Op")

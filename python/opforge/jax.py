@@ -12,7 +12,6 @@ arguments take the batch as one more leading dimension (one call), others run a
 from __future__ import annotations
 
 import functools
-import inspect
 
 import jax
 import jax.numpy as jnp

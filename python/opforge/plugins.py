@@ -1,16 +1,16 @@
 """Ops compiled outside opforge's own build, without rebuilding opforge.
 
 `build_plugin(folders)` compiles op folders (each laid out like `ops/<name>/`: the declaration
-`<name>.cc` and the Highway kernel `<name>_cpu.cc`, as `opforge new-op` writes them) into one
-shared library, with the compiler flags and headers opforge itself was built with, and caches
-it by content. A process started with `OPFORGE_PLUGINS=<library>[:<library>...]` loads those
+`<name>.cc`, the Highway kernel `<name>_cpu.cc` and the CUDA kernel `<name>_cuda.cu`, as
+`opforge new-op` writes them) into one shared library, with the compiler flags, CUDA
+architectures and headers opforge itself was built with, and caches it by content. The `.cu`
+files are compiled where opforge was built with CUDA and nvcc is found (else a warning). A process started with `OPFORGE_PLUGINS=<library>[:<library>...]` loads those
 libraries when it imports opforge, before it makes any op's functions, so a plugin's ops are
 opforge ops like the built-in ones: `opforge.<op>` for NumPy and DLPack arrays,
 `torch.ops.opforge.<op>` with autograd and torch.compile, `opforge.jax.<op>` under jit, grad
 and vmap, and (from each folder's reference.py, kept beside the library) `opforge.references`,
 which the tour and `opforge.testing.reference` read. `opforge.load_plugin(library)` loads one
 later, in a running process (a notebook): its ops join every frontend already imported too.
-CUDA kernels (`.cu` files) are not compiled into plugins.
 """
 
 from __future__ import annotations
@@ -44,16 +44,47 @@ def cache_dir() -> Path:
 
 
 def _sources(folders: list[Path]) -> list[Path]:
+    """The folders' C++ (.cc) and CUDA (.cu) sources."""
     sources = []
     for folder in folders:
         if not folder.is_dir():
             raise PluginError(f"build_plugin(): 'folders' must be op folders, {folder} is not a directory")
-        found = sorted(folder.glob("*.cc"))
         if not (folder / f"{folder.name}.cc").exists():
             raise PluginError(f"build_plugin(): {folder} has no declaration {folder.name}.cc (an op folder is "
                               f"named after its op: ops/<name>/<name>.cc, <name>_cpu.cc)")
-        sources += found
+        sources += sorted(folder.glob("*.cc")) + sorted(folder.glob("*.cu"))
     return sources
+
+
+class _Cuda:
+    """How this opforge compiled its CUDA kernels, for a plugin's .cu files: the same nvcc (or
+    $CUDACXX), architectures and static CUDA runtime. None where opforge was built without CUDA
+    or no nvcc is found."""
+
+    def __init__(self, nvcc: str, architectures: str, library_dir: str):
+        self.nvcc, self.library_dir = nvcc, library_dir
+        self.arch_flags = []
+        for arch in filter(None, architectures.split(",")):
+            if arch in ("native", "all", "all-major"):
+                self.arch_flags.append(f"-arch={arch}")
+                continue
+            number, _, kind = arch.partition("-")
+            codes = {"real": [f"sm_{number}"], "virtual": [f"compute_{number}"]}.get(
+                kind, [f"compute_{number}", f"sm_{number}"])
+            self.arch_flags.append(f"--generate-code=arch=compute_{number},code=[{','.join(codes)}]")
+
+    @staticmethod
+    def find():
+        from . import _core
+
+        if not _core.built_with_cuda:
+            return None
+        candidates = [os.environ.get("CUDACXX"), _core.cuda_compiler, "nvcc"]
+        nvcc = next((shutil.which(c) for c in candidates if c and shutil.which(c)), None)
+        return _Cuda(nvcc, _core.cuda_architectures, _core.cuda_library_dir) if nvcc else None
+
+    def key(self) -> str:
+        return " ".join([self.nvcc, *self.arch_flags])
 
 
 def _references(sources: list[Path]) -> list[Path]:
@@ -113,13 +144,24 @@ def build_plugin(folders, output: str | Path | None = None, *, compiler: str | N
     if len(set(names)) != len(names):
         raise PluginError(f"build_plugin(): 'folders' must have distinct names, got {names}")
     sources = _sources(folders)
+    cuda = _Cuda.find() if any(p.suffix == ".cu" for p in sources) else None
+    if cuda is None and any(p.suffix == ".cu" for p in sources):
+        import warnings
+
+        from . import _core
+
+        warnings.warn("build_plugin(): the plugin is built without its CUDA kernels (.cu files): "
+                      + ("no nvcc found (set CUDACXX)" if _core.built_with_cuda else "opforge was built without CUDA"),
+                      stacklevel=2)
+        sources = [p for p in sources if p.suffix != ".cu"]
     asked = compiler or os.environ.get("CXX")
     compiler = shutil.which(asked) if asked else shutil.which("g++") or shutil.which("c++")
     if not compiler:
         raise PluginError(f"build_plugin(): no C++ compiler found ({f'{asked!r} is not a program' if asked else 'set CXX or install g++'})")
     if not (PACKAGE / "libopforge.so").exists() or not (include_dir() / "opforge" / "registry.h").exists():
         raise PluginError(f"build_plugin(): this opforge install has no libopforge.so or headers in {PACKAGE}")
-    target = Path(output) if output else cache_dir() / f"opforge_plugin_{_key(sources, compiler)}.so"
+    key = _key(sources, compiler + (f" {cuda.key()}" if cuda else ""))
+    target = Path(output) if output else cache_dir() / f"opforge_plugin_{key}.so"
     if output is None and target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -133,9 +175,13 @@ def build_plugin(folders, output: str | Path | None = None, *, compiler: str | N
         includes = [f"-I{include_dir()}", f"-I{root}"]
 
         def compile_one(source: Path) -> Path:
-            obj = Path(tmp) / f"{source.parent.name}__{source.stem}.o"
-            command = [compiler, *FLAGS, *includes, "-c", str(root / "ops" / source.parent.name / source.name),
-                       "-o", str(obj)]
+            obj = Path(tmp) / f"{source.parent.name}__{source.name}.o"
+            where = str(root / "ops" / source.parent.name / source.name)
+            if source.suffix == ".cu":  # as cmake/cuda.cmake compiles opforge's own
+                command = [cuda.nvcc, "-std=c++20", "-O3", "-Xcompiler=-fPIC", *cuda.arch_flags, *includes,
+                           "-c", where, "-o", str(obj)]
+            else:
+                command = [compiler, *FLAGS, *includes, "-c", where, "-o", str(obj)]
             _run(command, f"compiling {source}", verbose)
             return obj
 
@@ -144,8 +190,12 @@ def build_plugin(folders, output: str | Path | None = None, *, compiler: str | N
         # libopforge.so by its soname: the loader reuses the copy the process already has, so the
         # plugin's ops join that copy's registry.
         partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        # CUDA kernels link the static CUDA runtime, as libopforge.so does: streams and device
+        # memory are the driver's, so the two runtimes' handles are interchangeable.
+        cuda_libs = ([f"-L{cuda.library_dir}", "-lcudart_static", "-ldl", "-lrt", "-lpthread"]
+                     if any(p.suffix == ".cu" for p in sources) else [])
         _run([compiler, "-shared", *map(str, objects), "-o", str(partial), f"-L{PACKAGE}", "-lopforge", "-lhwy",
-              f"-Wl,-rpath,{PACKAGE}"], f"linking {target.name}", verbose)
+              *cuda_libs, f"-Wl,-rpath,{PACKAGE}"], f"linking {target.name}", verbose)
         refs = references_dir(target)
         shutil.rmtree(refs, ignore_errors=True)
         for ref in _references(sources):

@@ -17,17 +17,9 @@
 namespace opforge {
 namespace {
 
+using testing::naive_offset;
 using testing::view;
 
-// Offset of row-major linear index `linear` over `shape` for `strides`, by unravelling.
-int64_t naive_offset(int64_t linear, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
-  int64_t offset = 0;
-  for (size_t d = shape.size(); d-- > 0;) {
-    offset += (linear % shape[d]) * strides[d];
-    linear /= shape[d];
-  }
-  return offset;
-}
 
 int64_t numel(const std::vector<int64_t>& shape) {
   return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());

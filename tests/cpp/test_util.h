@@ -20,6 +20,16 @@
 
 namespace opforge::testing {
 
+// Offset of row-major linear index `linear` over `shape` for `strides`, by unravelling.
+inline int64_t naive_offset(int64_t linear, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  int64_t offset = 0;
+  for (size_t d = shape.size(); d-- > 0;) {
+    offset += (linear % shape[d]) * strides[d];
+    linear /= shape[d];
+  }
+  return offset;
+}
+
 inline const char* kind_name(ErrorKind kind) {
   switch (kind) {
     case ErrorKind::type: return "type";

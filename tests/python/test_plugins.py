@@ -168,6 +168,61 @@ print('ok')
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-4000:]
 
 
+def has_cuda_kernels(library: Path) -> bool:
+    """Whether the library carries compiled CUDA kernels (nvcc's fatbinary section)."""
+    sections = subprocess.run(["readelf", "-S", "-W", str(library)], capture_output=True, text=True, check=True)
+    return ".nv_fatbin" in sections.stdout
+
+
+def can_compile_cuda() -> bool:
+    from opforge.plugins import _Cuda
+
+    return _Cuda.find() is not None
+
+
+@pytest.mark.skipif(not opforge._core.built_with_cuda, reason="opforge was built without CUDA")
+def test_a_plugin_compiles_its_cuda_kernels(plus_two):
+    """The scaffold's _cuda.cu files are compiled for this build's architectures and registered."""
+    if not can_compile_cuda():
+        pytest.skip("no nvcc")
+    _, _, path = plus_two
+    assert has_cuda_kernels(path)
+    code = ("import opforge\nprint(sorted(k['backend'] for o in opforge.ops() if o['name'] in "
+            "('plus_two', 'plus_two_backward') for k in o['kernels']))")
+    out = run_with_plugins(code, path)
+    assert out.returncode == 0 and out.stdout.strip() == str(["cpu", "cpu", "cuda", "cuda"]), out.stderr[-2000:]
+
+
+def test_without_nvcc_the_plugin_has_cpu_kernels_and_a_warning(plus_two, tmp_path, monkeypatch):
+    import shutil
+
+    root, _, _ = plus_two
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if "nvcc" in name else which(name, *a, **k))
+    monkeypatch.setenv("CUDACXX", "/somewhere/nvcc")
+    expected = "no nvcc found" if opforge._core.built_with_cuda else "opforge was built without CUDA"
+    with pytest.warns(UserWarning, match=f"built without its CUDA kernels \\(.cu files\\): {expected}"):
+        path = build_plugin([root / "ops/plus_two"], tmp_path / "cpu_only.so")
+    assert not has_cuda_kernels(path)
+
+
+def test_a_plugin_op_on_cuda_tensors(plus_two):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or not can_compile_cuda():
+        pytest.skip("needs a CUDA device and nvcc")
+    _, _, path = plus_two
+    code = """
+import torch, opforge, opforge.torch as ot
+x = torch.randn(1000, device="cuda", requires_grad=True)
+y = ot.plus_two(x)
+y.sum().backward()
+assert y.device.type == "cuda" and torch.equal(y.detach(), x.detach() + 2) and torch.equal(x.grad, torch.ones_like(x))
+print("ok")
+"""
+    out = run_with_plugins(code, path)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-4000:]
+
+
 def test_load_plugin_errors(tmp_path):
     with pytest.raises(PluginError, match=f"load_plugin\\(\\): cannot load {tmp_path / 'nowhere.so'}"):
         opforge.load_plugin(tmp_path / "nowhere.so")

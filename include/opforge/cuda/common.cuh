@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <vector>
 
 #include "opforge/error.h"
 #include "opforge/kernel.h"
@@ -30,7 +31,7 @@ struct Indexer {
   int64_t shape[kMaxRank];
   int64_t strides[kMaxRank];
 
-  __device__ __forceinline__ int64_t offset(int64_t linear) const {
+  __host__ __device__ __forceinline__ int64_t offset(int64_t linear) const {
     int64_t off = 0;
     for (int d = rank - 1; d >= 0; --d) {
       off += (linear % shape[d]) * strides[d];
@@ -40,14 +41,29 @@ struct Indexer {
   }
 };
 
+// Size-1 dimensions are dropped and neighbours merged where one lies inside the other
+// (stride[d] == stride[d+1] * shape[d+1]): the same offset for every linear index, fewer
+// divisions per element, and views of any rank that merge to kMaxRank or fewer dimensions.
 inline Indexer make_indexer(const char* op, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
-  if (shape.size() > kMaxRank)
-    fail(ErrorKind::value, op, "(): cuda kernels support rank <= ", kMaxRank, ", got rank ", shape.size());
-  Indexer ix;
-  ix.rank = static_cast<int>(shape.size());
+  std::vector<int64_t> sizes, steps;
   for (size_t d = 0; d < shape.size(); ++d) {
-    ix.shape[d] = shape[d];
-    ix.strides[d] = strides[d];
+    if (shape[d] == 1) continue;
+    if (!sizes.empty() && steps.back() == strides[d] * shape[d]) {
+      sizes.back() *= shape[d];
+      steps.back() = strides[d];
+    } else {
+      sizes.push_back(shape[d]);
+      steps.push_back(strides[d]);
+    }
+  }
+  if (sizes.size() > kMaxRank)
+    fail(ErrorKind::value, op, "(): cuda kernels support tensors whose strides merge to at most ", kMaxRank,
+         " dimensions; this one (rank ", shape.size(), ") keeps ", sizes.size(), ": make it contiguous first");
+  Indexer ix;
+  ix.rank = static_cast<int>(sizes.size());
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    ix.shape[d] = sizes[d];
+    ix.strides[d] = steps[d];
   }
   return ix;
 }

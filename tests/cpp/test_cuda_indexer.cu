@@ -1,0 +1,80 @@
+// The CUDA kernels' strided indexer (include/opforge/cuda/common.cuh), on the host: the merged
+// indexer make_indexer builds must give, for every linear index, the offset a naive unravel over
+// the original shape gives. Shapes are random with size-1, broadcast (stride 0), sliced and
+// permuted dimensions, up to rank 12. Compiled only when CUDA is; runs without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "opforge/cuda/common.cuh"
+#include "test_util.h"
+
+namespace opforge {
+namespace {
+
+using testing::naive_offset;
+
+// Strides of a random view: a contiguous buffer of a larger shape, sliced with steps, its
+// dimensions permuted, some broadcast.
+std::vector<int64_t> random_strides(const std::vector<int64_t>& shape, std::mt19937& rng) {
+  const size_t rank = shape.size();
+  std::vector<size_t> order(rank);
+  std::iota(order.begin(), order.end(), 0);
+  if (rng() % 2) std::shuffle(order.begin(), order.end(), rng);
+  std::vector<int64_t> strides(rank);
+  int64_t step = 1;
+  for (size_t i = rank; i-- > 0;) {
+    const size_t d = order[i];
+    const int64_t slice = rng() % 4 == 0 ? 2 : 1;
+    strides[d] = step * slice;
+    step *= shape[d] * slice + (rng() % 3 == 0 ? 1 : 0);
+  }
+  for (size_t d = 0; d < rank; ++d)
+    if (rng() % 6 == 0) strides[d] = 0;
+  return strides;
+}
+
+TEST(CudaIndexer, MergedOffsetsEqualTheNaiveOnes) {
+  std::mt19937 rng(1234);
+  int checked = 0, refused = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const size_t rank = rng() % 13;
+    std::vector<int64_t> shape(rank);
+    for (auto& s : shape) s = rng() % 3 == 0 ? 1 : 1 + rng() % 4;
+    const std::vector<int64_t> strides = random_strides(shape, rng);
+    const int64_t n = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+    cuda::Indexer ix;
+    try {
+      ix = cuda::make_indexer("test", shape, strides);
+    } catch (const Error& e) {
+      EXPECT_GT(rank, static_cast<size_t>(cuda::kMaxRank));
+      EXPECT_NE(std::string(e.what()).find("merge to at most 8 dimensions"), std::string::npos) << e.what();
+      ++refused;
+      continue;
+    }
+    EXPECT_LE(ix.rank, cuda::kMaxRank);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(ix.offset(i), naive_offset(i, shape, strides)) << "trial " << trial;
+    ++checked;
+  }
+  EXPECT_GT(checked, 2000);
+  EXPECT_GT(refused, 0);  // some views of rank > 8 do not merge
+}
+
+TEST(CudaIndexer, ContiguousTensorsOfAnyRankMergeToOneDimension) {
+  const std::vector<int64_t> shape{2, 1, 3, 2, 2, 1, 2, 3, 2, 2, 1, 2};
+  std::vector<int64_t> strides(shape.size());
+  int64_t step = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    strides[d] = step;
+    step *= shape[d];
+  }
+  const cuda::Indexer ix = cuda::make_indexer("test", shape, strides);
+  EXPECT_EQ(ix.rank, 1);
+  for (int64_t i = 0; i < step; ++i) ASSERT_EQ(ix.offset(i), i);
+}
+
+}  // namespace
+}  // namespace opforge
