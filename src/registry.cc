@@ -52,7 +52,10 @@ bool register_op(const char* name, OpDef (*declare)()) {
       fail(ErrorKind::value, "OPFORGE_OP(", name, ") declares a schema named '", op.name(), "'");
     std::unique_lock lock(table_mutex());
     auto [it, inserted] = op_table().emplace(op.name(), std::move(op));
-    if (!inserted) fail(ErrorKind::value, "op '", name, "' is declared twice (two folders under ops/ with one name?)");
+    if (!inserted)
+      fail(ErrorKind::value, "op '", name, "' is declared twice: two op folders with one name, or a plugin ",
+           "redeclaring an op already loaded (a loaded op cannot be replaced in a running process: start a new ",
+           "one, or rename the op)");
     return true;
   } catch (const std::exception& e) {
     std::unique_lock lock(table_mutex());

@@ -136,14 +136,15 @@ def load_plugin(library: str | _Path) -> list[str]:
     plugins.append(path)
     errors = [e for e in _core.registration_errors() if e not in errors_before]
     if errors:
-        hint = ("\n(an op already loaded cannot be replaced in a running process: start a new one, or rename "
-                "the op)" if any("declared twice" in e for e in errors) else "")
-        raise PluginError(f"load_plugin(): {path}: some ops failed to register:\n  " + "\n  ".join(errors) + hint)
+        raise PluginError(f"load_plugin(): {path}: some ops failed to register:\n  " + "\n  ".join(errors))
     added = [name for name in _core.op_names() if name not in names_before]
     _add_functions(added, PluginError)
     for module in ("opforge.torch", "opforge.forge", "opforge.jax"):  # torch defines the ops forge implements
         if module in _sys.modules:
-            _sys.modules[module]._add_ops(added)
+            try:
+                _sys.modules[module]._add_ops(added)
+            except (ImportError, RuntimeError) as error:  # what each frontend raises at import
+                raise PluginError(f"load_plugin(): {path}: {error}") from None
     return added
 
 

@@ -200,12 +200,12 @@ def _make_function(name: str):
     return function
 
 
-def _add_ops(names: list[str], error=ImportError) -> None:
+def _add_ops(names: list[str]) -> None:
     """opforge.jax.<op> for each of `names`: every op at import, a plugin's (opforge.load_plugin) later."""
     for name in names:
         for arg in _op(name).attr_kinds:
             if arg in _RESERVED:
-                raise error(f"opforge.jax: op '{name}' uses the reserved attribute name '{arg}'")
+                raise ImportError(f"opforge.jax: op '{name}' uses the reserved attribute name '{arg}'")
     for name in names:
         globals()[name] = _make_function(name)
 

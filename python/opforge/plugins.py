@@ -4,8 +4,9 @@
 `<name>.cc`, the Highway kernel `<name>_cpu.cc` and the CUDA kernel `<name>_cuda.cu`, as
 `opforge new-op` writes them) into one shared library, with the compiler flags, CUDA
 architectures and headers opforge itself was built with, and caches it by content. The `.cu`
-files are compiled where opforge was built with CUDA and nvcc is found (else a warning). A process started with `OPFORGE_PLUGINS=<library>[:<library>...]` loads those
-libraries when it imports opforge, before it makes any op's functions, so a plugin's ops are
+files are compiled where opforge was built with CUDA and nvcc is found (else a warning). A
+process started with `OPFORGE_PLUGINS=<library>[:<library>...]` loads those libraries when it
+imports opforge, before it makes any op's functions, so a plugin's ops are
 opforge ops like the built-in ones: `opforge.<op>` for NumPy and DLPack arrays,
 `torch.ops.opforge.<op>` with autograd and torch.compile, `opforge.jax.<op>` under jit, grad
 and vmap, and (from each folder's reference.py, kept beside the library) `opforge.references`,
@@ -79,8 +80,8 @@ class _Cuda:
 
         if not _core.built_with_cuda:
             return None
-        candidates = [os.environ.get("CUDACXX"), _core.cuda_compiler, "nvcc"]
-        nvcc = next((shutil.which(c) for c in candidates if c and shutil.which(c)), None)
+        found = (shutil.which(c) for c in (os.environ.get("CUDACXX"), _core.cuda_compiler, "nvcc") if c)
+        nvcc = next(filter(None, found), None)
         return _Cuda(nvcc, _core.cuda_architectures, _core.cuda_library_dir) if nvcc else None
 
     def key(self) -> str:
@@ -144,8 +145,9 @@ def build_plugin(folders, output: str | Path | None = None, *, compiler: str | N
     if len(set(names)) != len(names):
         raise PluginError(f"build_plugin(): 'folders' must have distinct names, got {names}")
     sources = _sources(folders)
-    cuda = _Cuda.find() if any(p.suffix == ".cu" for p in sources) else None
-    if cuda is None and any(p.suffix == ".cu" for p in sources):
+    has_cuda = any(p.suffix == ".cu" for p in sources)
+    cuda = _Cuda.find() if has_cuda else None
+    if has_cuda and cuda is None:
         import warnings
 
         from . import _core
@@ -153,7 +155,7 @@ def build_plugin(folders, output: str | Path | None = None, *, compiler: str | N
         warnings.warn("build_plugin(): the plugin is built without its CUDA kernels (.cu files): "
                       + ("no nvcc found (set CUDACXX)" if _core.built_with_cuda else "opforge was built without CUDA"),
                       stacklevel=2)
-        sources = [p for p in sources if p.suffix != ".cu"]
+        sources, has_cuda = [p for p in sources if p.suffix != ".cu"], False
     asked = compiler or os.environ.get("CXX")
     compiler = shutil.which(asked) if asked else shutil.which("g++") or shutil.which("c++")
     if not compiler:
@@ -193,7 +195,7 @@ def build_plugin(folders, output: str | Path | None = None, *, compiler: str | N
         # CUDA kernels link the static CUDA runtime, as libopforge.so does: streams and device
         # memory are the driver's, so the two runtimes' handles are interchangeable.
         cuda_libs = ([f"-L{cuda.library_dir}", "-lcudart_static", "-ldl", "-lrt", "-lpthread"]
-                     if any(p.suffix == ".cu" for p in sources) else [])
+                     if has_cuda else [])
         _run([compiler, "-shared", *map(str, objects), "-o", str(partial), f"-L{PACKAGE}", "-lopforge", "-lhwy",
               *cuda_libs, f"-Wl,-rpath,{PACKAGE}"], f"linking {target.name}", verbose)
         refs = references_dir(target)

@@ -16,6 +16,14 @@ void check(cudaError_t status, const char* what) {
     fail(ErrorKind::runtime, "cuda backend: ", what, " failed: ", cudaGetErrorString(status));
 }
 
+// Makes `index` the calling thread's current device; returns the one it replaces.
+int exchange(int index) {
+  int previous = 0;
+  check(cudaGetDevice(&previous), "cudaGetDevice");
+  if (previous != index) check(cudaSetDevice(index), "cudaSetDevice");
+  return previous;
+}
+
 class CudaBackend final : public Backend {
  public:
   std::string name() const override { return "cuda"; }
@@ -44,11 +52,7 @@ class CudaBackend final : public Backend {
     check(cudaGetDevice(&device), "cudaGetDevice");
     return device;
   }
-  int32_t exchange_device(int32_t index) override {
-    const int32_t previous = current_device();
-    if (previous != index) check(cudaSetDevice(index), "cudaSetDevice");
-    return previous;
-  }
+  int32_t exchange_device(int32_t index) override { return exchange(index); }
 
   void* allocate(int64_t bytes, Device device, void* stream) override {
     OnDevice scope(device.index);
@@ -96,11 +100,7 @@ class CudaBackend final : public Backend {
   // current device as theirs: a call must not move it).
   class OnDevice {
    public:
-    explicit OnDevice(int index) {
-      check(cudaGetDevice(&previous_), "cudaGetDevice");
-      if (previous_ != index) check(cudaSetDevice(index), "cudaSetDevice");
-      index_ = index;
-    }
+    explicit OnDevice(int index) : previous_(exchange(index)), index_(index) {}
     ~OnDevice() {
       if (previous_ != index_) cudaSetDevice(previous_);
     }

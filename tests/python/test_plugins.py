@@ -348,8 +348,12 @@ def test_an_op_named_like_an_opforge_attribute_fails_the_import(tmp_path):
     (folder / "info.cc").write_text('#include "opforge/registry.h"\n'
                                     'OPFORGE_OP(info) { return opforge::OpDef("info(Tensor x) -> Tensor")'
                                     '.shape([](const opforge::ShapeContext& c) { return opforge::Outputs{c.like("x")}; }); }\n')
-    out = run_with_plugins("import opforge", build_plugin(folder, tmp_path / "info.so"))
+    path = build_plugin(folder, tmp_path / "info.so")
+    out = run_with_plugins("import opforge", path)
     assert out.returncode != 0 and "ImportError: opforge: op 'info' would replace opforge.info" in out.stderr, \
+        out.stderr[-2000:]
+    out = run_python(f"import opforge\nopforge.load_plugin({str(path)!r})")
+    assert out.returncode != 0 and "PluginError: opforge: op 'info' would replace opforge.info" in out.stderr, \
         out.stderr[-2000:]
 
 
