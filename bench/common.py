@@ -59,6 +59,84 @@ def matmul_peak_gflops(threads: int, n: int = 2048) -> float:
     return 2 * n**3 / median_seconds(lambda: torch.mm(a, b), repeats=5) / 1e9
 
 
+def compile_per_case(fn, tag: str):
+    """torch.compile(fn) with a compile cache of its own. Dynamo caches compiled graphs per code
+    object, and lambdas made in one loop share one: past its recompile limit later cases would
+    silently run eager. A copy of the code object per case (named `tag`) gives each its own."""
+    import types
+
+    import torch
+
+    own = types.FunctionType(fn.__code__.replace(co_name=tag), fn.__globals__, None, fn.__defaults__, fn.__closure__)
+    return torch.compile(own, dynamic=False)
+
+
+def sweep(cases, threads: int, repeats: int, rounds: int):
+    """Times every implementation of every case, the whole sweep `rounds` times (STREAM and the
+    matmul peak measured again each round). A case is (op, size, rows, cols, bytes, flops or
+    None, {implementation: (zero-argument callable, "torch" or "jax")}). On a shared machine
+    noise comes in bursts of seconds: a burst then spoils one round of a row, not the figure.
+    Returns (rows for report(), the bandwidth limit in GB/s)."""
+    import jax
+
+    bandwidths, peaks, times = [], [], {}
+    for _ in range(rounds):
+        bandwidths.append(stream_bandwidth(threads))
+        peaks.append(matmul_peak_gflops(threads))
+        for name, size, _, _, _, _, impls in cases:
+            for impl, (fn, kind) in impls.items():
+                sync = jax.block_until_ready if kind == "jax" else (lambda x: x)
+                times.setdefault((name, size, impl), []).append(median_seconds(fn, repeats=repeats, sync=sync))
+    bandwidth = {k: statistics.median(b[k] for b in bandwidths) for k in bandwidths[0]}
+    peak, gemm_peak = max(bandwidth.values()), statistics.median(peaks)
+    print(f"STREAM (torch, float64, 512 MiB arrays): copy {bandwidth['copy']:.1f} GB/s, add {bandwidth['add']:.1f} GB/s;"
+          f" % below is of {peak:.1f} GB/s")
+    print(f"float32 matrix-product peak (torch.mm 2048^3): {gemm_peak:.1f} GFLOP/s; % of it for compute-bound ops\n")
+    rows = []
+    for name, size, r, c, nbytes, flops, impls in cases:
+        ours = statistics.median(times[(name, size, "opforge")])
+        for impl in impls:
+            t = statistics.median(times[(name, size, impl)])
+            rate, unit, limit = (flops / t / 1e9, "GFLOP/s", gemm_peak) if flops else (nbytes / t / 1e9, "GB/s", peak)
+            rows.append({"op": name, "size": size, "shape": f"{r}x{c}", "impl": impl, "median_us": t * 1e6,
+                         "rate": rate, "unit": unit, "pct_of_limit": 100 * rate / limit, "opforge_speedup": t / ours})
+    return rows, peak
+
+
+def sweep_arguments(doc: str, default_ops: list[str]):
+    """The command line of a sweep program (--ops, --sizes, --repeats, --threads, --no-compile,
+    --rounds), parsed."""
+    import argparse
+
+    import opforge
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", default=",".join(default_ops))
+    parser.add_argument("--sizes", default="large,l2")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=opforge.num_threads())
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to compile)")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the whole sweep; report medians over rounds")
+    return parser
+
+
+def report(rows, peak: float, name: str, title: str, ylabel: str = "GB/s") -> None:
+    """Prints sweep()'s rows, writes them to results/<name>.csv and the memory-bound ones to
+    results/<name>.png against the bandwidth limit."""
+    print(f"{'op':<12} {'size':<6} {'impl':<14} {'median µs':>10} {'rate':>16} {'% limit':>8} {'opforge speedup':>16}")
+    for r in rows:
+        speed = "" if r["impl"] == "opforge" else f"{r['opforge_speedup']:.2f}x"
+        print(f"{r['op']:<12} {r['size']:<6} {r['impl']:<14} {r['median_us']:>10.1f} {r['rate']:>8.1f} {r['unit']:<7} "
+              f"{r['pct_of_limit']:>7.0f}% {speed:>16}")
+    print(f"\nwrote {write_csv(name, rows)}")
+    memory_bound = [r for r in rows if r["unit"] == "GB/s"]
+    impls = list(dict.fromkeys(r["impl"] for r in memory_bound))
+    groups = list(dict.fromkeys(f"{r['op']} {r['size']}" for r in memory_bound))
+    series = {i: [next((r["rate"] for r in memory_bound if f"{r['op']} {r['size']}" == g and r["impl"] == i), 0)
+                  for g in groups] for i in impls}
+    print(f"wrote {bar_plot(name, title, groups, series, ylabel, peak, 'STREAM')}")
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:

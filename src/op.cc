@@ -76,6 +76,16 @@ OpDef& OpDef::backward(std::string_view backward_op, std::vector<std::string> in
   return *this;
 }
 
+OpDef& OpDef::saving_forward(std::string_view saving_op, std::vector<std::string> saved) {
+  if (saved.empty()) fail(ErrorKind::value, name(), "(): saving_forward('", saving_op, "') names no saved results");
+  for (const auto& s : saved)
+    if (s == "grad" || s == "result" || schema_.arg_index(s) >= 0)
+      fail(ErrorKind::value, name(), "(): saved result '", s, "' is named like 'grad', 'result' or an argument");
+  saving_op_ = std::string(saving_op);
+  saved_ = std::move(saved);
+  return *this;
+}
+
 OpDef& OpDef::maps_over_leading_dims(std::vector<std::string> args) {
   for (const auto& arg : args) constraint_for(arg);
   leading_dim_args_ = std::move(args);

@@ -66,18 +66,50 @@ bool register_op(const char* name, OpDef (*declare)()) {
 
 static const OpDef* lookup_op_unlocked(std::string_view name);
 
+// The saving forward of `op` (OpDef::saving_forward): registered, the same arguments, op's
+// result and then one per saved name.
+static void check_saving_unlocked(const OpDef& op, const OpDef* bwd, std::vector<std::string>& errors) {
+  const OpDef* saving = lookup_op_unlocked(op.saving_op());
+  const std::string who = str("op '", op.name(), "': saving forward '", op.saving_op(), "'");
+  if (!saving) return errors.push_back(who + " is not registered");
+  if (op.backward_op().empty()) errors.push_back(who + " is declared without a backward op to use what it saves");
+  const auto& args = op.schema().args;
+  const auto& saving_args = saving->schema().args;
+  bool same = args.size() == saving_args.size();
+  for (size_t i = 0; same && i < args.size(); ++i)
+    same = args[i].name == saving_args[i].name && args[i].kind == saving_args[i].kind &&
+           args[i].default_value == saving_args[i].default_value;
+  if (!same) errors.push_back(str(who, " must take the same arguments as '", op.name(), "'"));
+  if (op.schema().num_results != 1) errors.push_back(str(who, ": only an op with one result can have one"));
+  const int64_t want = 1 + static_cast<int64_t>(op.saved().size());
+  if (saving->schema().num_results != want)
+    errors.push_back(str(who, " must return ", want, " results ('", op.name(), "' result, then one per saved name), ",
+                         "not ", saving->schema().num_results));
+  if (!bwd) return;
+  for (const auto& name : op.saved()) {
+    const int64_t i = bwd->schema().arg_index(name);
+    if (i >= 0 && bwd->schema().args[i].kind != ArgKind::optional_tensor)
+      errors.push_back(str("op '", op.name(), "': backward op '", bwd->name(), "' must take saved '", name,
+                           "' as 'Tensor? ", name, "=None' (it is None where the forward cannot save)"));
+  }
+}
+
 // Backward declarations can only be checked once every op has loaded.
 static void check_backward_unlocked(const OpDef& op, std::vector<std::string>& errors) {
+  const OpDef* bwd = op.backward_op().empty() ? nullptr : lookup_op_unlocked(op.backward_op());
+  if (!op.saving_op().empty()) check_saving_unlocked(op, bwd, errors);
   if (op.backward_op().empty()) return;
-  const OpDef* bwd = lookup_op_unlocked(op.backward_op());
   if (!bwd) {
     errors.push_back(str("op '", op.name(), "': backward op '", op.backward_op(), "' is not registered"));
     return;
   }
+  const auto& saved = op.saved();
   for (const auto& arg : bwd->schema().args)
-    if (arg.name != "grad" && arg.name != "result" && op.schema().arg_index(arg.name) < 0)
+    if (arg.name != "grad" && arg.name != "result" && op.schema().arg_index(arg.name) < 0 &&
+        std::find(saved.begin(), saved.end(), arg.name) == saved.end())
       errors.push_back(str("op '", op.name(), "': backward op '", bwd->name(), "' takes '", arg.name,
-                           "', which is neither 'grad', 'result' nor an argument of '", op.name(), "'"));
+                           "', which is neither 'grad', 'result', an argument of '", op.name(),
+                           "' nor a result its saving forward saves"));
   if (bwd->schema().num_results != static_cast<int64_t>(op.differentiable().size()))
     errors.push_back(str("op '", op.name(), "': backward op '", bwd->name(), "' returns ", bwd->schema().num_results,
                          " results for ", op.differentiable().size(), " differentiable inputs"));

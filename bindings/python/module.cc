@@ -140,6 +140,12 @@ NB_MODULE(_core, m) {
                      return nb::make_tuple(self.op->backward_op(), self.op->differentiable());
                    },
                    "(backward op name, [inputs it returns gradients for]) or None.")
+      .def_prop_ro("saving_forward",
+                   [](const PyOp& self) -> nb::object {
+                     if (self.op->saving_op().empty()) return nb::none();
+                     return nb::make_tuple(self.op->saving_op(), self.op->saved());
+                   },
+                   "(op run instead when a gradient is needed, [names of its extra results]) or None.")
       .def_prop_ro("leading_dim_args", [](const PyOp& self) { return self.op->leading_dim_args(); },
                    "Tensor arguments whose leading dimensions the op maps over (see OpDef).")
       .def_prop_ro("kernels", [](const PyOp& self) { return op_kernels(*self.op); })

@@ -7,9 +7,10 @@
 // One boxed kernel per op at the Autograd dispatch key, generic over the declaration:
 // - no input needing a gradient: straight to the kernel below autograd (the common case, and
 //   the reason this exists: a Python autograd kernel runs Python on every call);
-// - otherwise: run below autograd, then attach a node that calls the declared backward op
-//   through torch's dispatcher, its arguments bound by name ("grad", "result", or the forward
-//   argument of that name), as python/opforge/torch.py and python/opforge/jax.py do.
+// - otherwise: run below autograd (the op's declared saving forward instead, if it has one,
+//   keeping its extra results), then attach a node that calls the declared backward op through
+//   torch's dispatcher, its arguments bound by name ("grad", "result", a saved result's name,
+//   or the forward argument of that name), as python/opforge/torch.py and python/opforge/jax.py do.
 // Errors that opforge raised below (which the stable ABI turns into plain c10::Error) leave
 // here as c10::TypeError / ValueError / NotImplementedError, so Python sees their real type.
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -19,6 +20,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -46,8 +48,8 @@ using torch::autograd::variable_list;
 
 // Where one argument of the backward op comes from.
 struct Source {
-  enum Kind { grad, result, forward_arg, schema_default } kind;
-  size_t forward_index = 0;  // forward_arg: index among the forward op's schema arguments
+  enum Kind { grad, result, forward_arg, saved_result, schema_default } kind;
+  size_t index = 0;  // forward_arg: among the forward op's schema arguments; saved_result: among its saved
 };
 
 // What the autograd kernel of one op needs, read once from its declaration.
@@ -63,6 +65,8 @@ struct Plan {
   std::vector<Source> backward_args;              // per backward schema argument
   std::vector<size_t> gradient_of;                // backward result i -> forward argument index
   std::optional<c10::OperatorHandle> backward_op;  // defined with the forward op, before we load
+  std::optional<c10::OperatorHandle> saving_op;    // run instead of the op when differentiating
+  size_t num_saved = 0;                            // its results after the first
 };
 
 // Re-raises an error from below with the type opforge gave it. (The stable ABI hands kernel
@@ -126,6 +130,8 @@ class OpforgeBackward final : public torch::autograd::Node {
     }
   }
   void save_result(const at::Tensor& result) { result_ = SavedVariable(result, /*is_output=*/true); }
+  // The saving forward's extra results: not outputs of this node (nothing differentiates them).
+  void save_extra(const at::Tensor& value) { extra_.emplace_back(value, /*is_output=*/false); }
 
   variable_list apply(variable_list&& grads) override {
     const Plan& plan = *plan_;
@@ -147,7 +153,10 @@ class OpforgeBackward final : public torch::autograd::Node {
       switch (source.kind) {
         case Source::grad: stack.emplace_back(grad); break;
         case Source::result: stack.emplace_back(result_.unpack(owning_pointer<torch::autograd::Node>(this))); break;
-        case Source::forward_arg: stack.emplace_back(forward[source.forward_index]); break;
+        case Source::forward_arg: stack.emplace_back(forward[source.index]); break;
+        case Source::saved_result:
+          stack.emplace_back(extra_[source.index].unpack(owning_pointer<torch::autograd::Node>(this)));
+          break;
         case Source::schema_default: stack.emplace_back(*schema.arguments()[a].default_value()); break;
       }
     }
@@ -174,6 +183,7 @@ class OpforgeBackward final : public torch::autograd::Node {
  protected:
   void release_variables() override {
     tensors_.clear();
+    extra_.clear();
     result_.reset_data();
   }
 
@@ -182,6 +192,7 @@ class OpforgeBackward final : public torch::autograd::Node {
   std::vector<c10::IValue> inputs_;  // non-tensor arguments the backward op reads
   std::vector<std::pair<size_t, SavedVariable>> tensors_;
   SavedVariable result_;
+  std::vector<SavedVariable> extra_;  // the saving forward's extra results, in declaration order
 };
 
 bool any_requires_grad(const Plan& plan, const torch::jit::Stack& stack, size_t start) {
@@ -216,7 +227,12 @@ class AutogradKernel final : public c10::OperatorKernel {
     node->set_next_edges(std::move(edges));
     node->save_inputs(*stack, start);  // before the call consumes the arguments
 
-    redispatch_below_autograd(op, keys, stack);
+    // The saving forward takes the same arguments and returns the op's result first; its other
+    // results are kept for the backward op and dropped from the stack.
+    redispatch_below_autograd(plan.saving_op ? *plan.saving_op : op, keys, stack);
+    for (size_t s = 0; s < plan.num_saved; ++s)
+      node->save_extra((*stack)[stack->size() - plan.num_saved + s].toTensor());
+    stack->resize(stack->size() - plan.num_saved);
 
     const size_t first_result = stack->size() - plan.num_results;
     for (size_t r = 0; r < plan.num_results; ++r) {
@@ -253,8 +269,14 @@ std::shared_ptr<Plan> make_plan(const OpDef& op) {
     plan->gradient_of.push_back(static_cast<size_t>(i));
   }
   plan->backward_op = c10::Dispatcher::singleton().findSchemaOrThrow(("opforge::" + op.backward_op()).c_str(), "");
+  const std::vector<std::string>& saved = op.saved();
+  if (!op.saving_op().empty()) {
+    plan->saving_op = c10::Dispatcher::singleton().findSchemaOrThrow(("opforge::" + op.saving_op()).c_str(), "");
+    plan->num_saved = saved.size();
+  }
   for (const c10::Argument& arg : plan->backward_op->schema().arguments()) {
     const int64_t i = op.schema().arg_index(arg.name());
+    const auto saved_at = std::find(saved.begin(), saved.end(), arg.name());
     if (arg.name() == "grad") {
       plan->backward_args.push_back({Source::grad});
     } else if (arg.name() == "result") {
@@ -263,6 +285,8 @@ std::shared_ptr<Plan> make_plan(const OpDef& op) {
     } else if (i >= 0) {
       plan->backward_args.push_back({Source::forward_arg, static_cast<size_t>(i)});
       plan->saved[i] = true;
+    } else if (saved_at != saved.end() && plan->saving_op) {
+      plan->backward_args.push_back({Source::saved_result, static_cast<size_t>(saved_at - saved.begin())});
     } else {
       TORCH_CHECK(arg.default_value().has_value(), op.backward_op(), "() takes '", arg.name(), "', which ", op.name(),
                   "() cannot supply");

@@ -112,6 +112,15 @@ class OpDef {
   // and any other name is this op's argument of that name. Adapters (torch autograd, JAX
   // custom_vjp) wire it up; arguments not listed get no gradient.
   OpDef& backward(std::string_view backward_op, std::vector<std::string> inputs);
+  // What the backward op needs beyond the inputs and the result (an activation's input, a
+  // norm's statistics) comes from another registered op, `saving_op`: same arguments as this
+  // op, results this op's result and then one tensor per name in `saved`. Adapters run it in
+  // place of this op when a gradient will be needed (torch's C++ autograd kernel, JAX's
+  // custom_vjp forward rule), and hand its extra results to the backward op's arguments of
+  // those names. Those must be optional (`Tensor? name=None`): where the forward cannot be
+  // swapped (torch's Python autograd rules) they arrive as None and the backward op
+  // recomputes them.
+  OpDef& saving_forward(std::string_view saving_op, std::vector<std::string> saved);
   // The op works independently on every index of the leading dimensions of `args` (which
   // broadcast against each other), so a batch axis can be one more leading dimension: one
   // call on the batched arrays instead of a loop. Adapters use it for vmap.
@@ -125,6 +134,8 @@ class OpDef {
   int64_t dispatch_slot() const { return dispatch_slot_; }
   const std::string& backward_op() const { return backward_op_; }
   const std::vector<std::string>& differentiable() const { return differentiable_; }
+  const std::string& saving_op() const { return saving_op_; }
+  const std::vector<std::string>& saved() const { return saved_; }
   const std::vector<std::string>& leading_dim_args() const { return leading_dim_args_; }
 
   // Slot of schema argument `arg` among the tensors or among the attributes; -1 if absent.
@@ -143,6 +154,8 @@ class OpDef {
   int64_t dispatch_slot_ = 0;
   std::string backward_op_;
   std::vector<std::string> differentiable_;
+  std::string saving_op_;
+  std::vector<std::string> saved_;
   std::vector<std::string> leading_dim_args_;
 };
 

@@ -53,13 +53,15 @@ std::vector<Compute<T>> PaddedBias(const TensorView* bias, int64_t n) {
   return out;
 }
 
-// out[a, b] = act(D[a, b] + bias[b]), out row-major with `ldo` elements per row.
+// out[a, b] = act(D[a, b] + bias[b]), out row-major with `ldo` elements per row; with `preact`
+// (same layout as out), also preact[a, b] = D[a, b] + bias[b], rounded alike.
 template <typename T, class Act>
 class BiasAct final : public Epilogue<Compute<T>> {
   using C = Compute<T>;
 
  public:
-  BiasAct(T* out, int64_t ldo, const C* bias, Act act) : out_(out), ldo_(ldo), bias_(bias), act_(act) {}
+  BiasAct(T* out, int64_t ldo, const C* bias, Act act, T* preact = nullptr)
+      : out_(out), preact_(preact), ldo_(ldo), bias_(bias), act_(act) {}
 
   void Row(int64_t a, int64_t b0, const C* vals, int64_t count) const override {
     const hn::ScalableTag<C> d;
@@ -67,27 +69,42 @@ class BiasAct final : public Epilogue<Compute<T>> {
     for (int64_t i = 0; i < count; i += L) {
       auto v = hn::LoadU(d, vals + i);
       if (bias_) v = hn::Add(v, hn::LoadU(d, bias_ + b0 + i));
+      if (preact_) StoreN(d, v, preact_ + a * ldo_ + b0 + i, 1, count - i);
       StoreN(d, act_(d, v), out_ + a * ldo_ + b0 + i, 1, count - i);
     }
   }
 
-  // act along the columns in place (the bias is one value per column), then a transposing copy.
+  // The bias (one value per column) and act along the columns in place, then a transposing copy
+  // (with preact: the sums are copied out before act).
   void Cols(int64_t a0, int64_t b0, C* vals, int64_t ld, int64_t na, int64_t nb) const override {
     const hn::ScalableTag<C> d;
     const int64_t L = static_cast<int64_t>(hn::Lanes(d));
     for (int64_t j = 0; j < nb; ++j) {
       const auto vb = hn::Set(d, bias_ ? bias_[b0 + j] : C(0));
       C* col = vals + j * ld;
-      for (int64_t i = 0; i < na; i += L) hn::Store(act_(d, hn::Add(hn::Load(d, col + i), vb)), d, col + i);
+      for (int64_t i = 0; i < na; i += L) {
+        const auto v = hn::Add(hn::Load(d, col + i), vb);
+        hn::Store(preact_ ? v : act_(d, v), d, col + i);
+      }
     }
+    if (preact_) {
+      CopyTransposed(preact_, a0, b0, vals, ld, na, nb);
+      for (int64_t j = 0; j < nb; ++j)
+        for (int64_t i = 0; i < na; i += L) hn::Store(act_(d, hn::Load(d, vals + j * ld + i)), d, vals + j * ld + i);
+    }
+    CopyTransposed(out_, a0, b0, vals, ld, na, nb);
+  }
+
+ private:
+  void CopyTransposed(T* to, int64_t a0, int64_t b0, const C* vals, int64_t ld, int64_t na, int64_t nb) const {
     for (int64_t i = 0; i < na; ++i) {
-      T* row = out_ + (a0 + i) * ldo_ + b0;
+      T* row = to + (a0 + i) * ldo_ + b0;
       for (int64_t j = 0; j < nb; ++j) row[j] = FromCompute<T>(vals[j * ld + i]);
     }
   }
 
- private:
   T* out_;
+  T* preact_;  // nullptr: not wanted
   int64_t ldo_;
   const C* bias_;
   Act act_;

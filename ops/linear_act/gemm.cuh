@@ -7,8 +7,10 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "opforge/cuda/activation.cuh"
+#include "opforge/kernel.h"
 
 namespace opforge::linear_act_cuda {
 
@@ -108,7 +110,7 @@ void gemm(const char* op, int64_t M, int64_t N, int64_t K, const Mat<TA>& a, con
   cuda::check_launch(op);
 }
 
-// out[a, b] = act(D + bias[b]), rounded to T.
+// out[a, b] = act(D + bias[b]), rounded to T; with preact (out's layout), D + bias[b] there too.
 template <typename T, class Act>
 struct BiasAct {
   T* out;
@@ -116,10 +118,36 @@ struct BiasAct {
   const T* bias;  // nullptr: none
   int64_t bias_stride;
   Act act;
+  T* preact = nullptr;  // nullptr: not wanted
   __device__ void operator()(int64_t a, int64_t b, cuda::Acc<T> v) const {
     if (bias) v += cuda::load(bias + b * bias_stride);
+    if (preact) cuda::store(preact + a * ldo + b, v);
     cuda::store(out + a * ldo + b, act(v));
   }
 };
+
+// linear_act's forward on call's stream (linear_act and linear_act_with_preact): out =
+// act(x @ weight^T + bias) into output 0, and with save_preact the sum before act into output 1.
+inline void forward(const KernelCall& call, const char* op, bool save_preact) {
+  const TensorView& x = call.tensor("x");
+  const TensorView& w = call.tensor("weight");
+  const TensorView* bias = call.optional_tensor("bias");
+  const TensorView& out = call.output(0);
+  const int64_t k = x.size(-1), n = w.size(0), m = out.numel() / n;
+  const std::vector<int64_t> lead(x.shape.begin(), x.shape.end() - 1);
+  const std::vector<int64_t> lead_strides(x.strides.begin(), x.strides.end() - 1);
+  cuda::visit_float(x.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    const Mat<T> a{x.data_as<const T>(), cuda::make_indexer(op, lead, lead_strides),
+                   cuda::make_indexer(op, {k}, {x.stride(-1)})};
+    const Mat<T> b = matrix(op, w.data_as<const T>(), n, w.stride(0), k, w.stride(1));
+    visit_act(call.attr_str("act"), [&](auto act, auto) {
+      const BiasAct<T, decltype(act)> epi{out.data_as<T>(), n, bias ? bias->data_as<const T>() : nullptr,
+                                          bias ? bias->stride(0) : 0, act,
+                                          save_preact ? call.output(1).data_as<T>() : nullptr};
+      gemm<cuda::Acc<T>>(op, m, n, k, a, b, epi, cuda::stream_of(call));
+    });
+  });
+}
 
 }  // namespace opforge::linear_act_cuda

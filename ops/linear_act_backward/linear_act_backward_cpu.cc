@@ -1,7 +1,8 @@
-// linear_act_backward on the CPU: three blocked products (ops/linear_act/gemm-inl.h). The first
-// recomputes z = x @ weight^T + bias and its epilogue turns each tile into g = grad * act'(z)
-// (skipped for act='none', where g = grad); then grad_x = g @ weight and grad_weight = g^T @ x.
-// grad_bias sums g over rows by column blocks, each in row order: no thread-count dependence.
+// linear_act_backward on the CPU: g = grad * act'(z), then two blocked products
+// (ops/linear_act/gemm-inl.h), grad_x = g @ weight and grad_weight = g^T @ x. z comes from preact
+// (saved by linear_act_with_preact: g is one elementwise pass) or, without it, from a third
+// product whose epilogue turns each tile into g; act='none' needs no z (g = grad). grad_bias sums
+// g over rows by column blocks, each in row order: no thread-count dependence.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/linear_act_backward/linear_act_backward_cpu.cc"
 #include <hwy/foreach_target.h>  // re-includes this file once per target
@@ -68,12 +69,27 @@ void Run(const KernelCall& call) {
     const Operand<T> wb{w.data_as<const T>(), n, w.stride(0), w.stride(1)};
     const auto bias_c = PaddedBias<T>(bias, n);
 
+    const TensorView* preact = call.optional_tensor("preact");
     auto g = hwy::AllocateAligned<C>(std::max<int64_t>(1, m * n));
+    const int64_t grain = std::max<int64_t>(1, 8192 / (n + 1));
     VisitAct(call.attr_str("act"), "linear_act_backward", [&](auto, auto act_grad) {
       if constexpr (std::is_same_v<decltype(act_grad), IdentityGrad>) {
-        parallel_for(m, std::max<int64_t>(1, 8192 / (n + 1)), [&](int64_t begin, int64_t end) {
+        parallel_for(m, grain, [&](int64_t begin, int64_t end) {
           for (int64_t i = begin; i < end; ++i)
             for (int64_t j = 0; j < n; ++j) g[i * n + j] = ToCompute(ga.data[i * ga.rs + j * ga.ps]);
+        });
+      } else if (preact) {
+        std::vector<T> z_copy;
+        const Operand<T> za = Rows(*preact, m, z_copy);
+        parallel_for(m, grain, [&](int64_t begin, int64_t end) {
+          const hn::ScalableTag<C> d;
+          const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+          for (int64_t i = begin; i < end; ++i)
+            for (int64_t j = 0; j < n; j += L) {
+              const auto z = LoadN(d, za.data + i * za.rs + j * za.ps, za.ps, n - j);
+              const auto gv = LoadN(d, ga.data + i * ga.rs + j * ga.ps, ga.ps, n - j);
+              StoreN(d, act_grad(d, gv, z), g.get() + i * n + j, 1, n - j);
+            }
         });
       } else {
         const GradAct<T, decltype(act_grad)> epi(g.get(), n, ga.data, ga.rs, ga.ps, bias_c.data(), act_grad);

@@ -1,7 +1,10 @@
-// linear_act_backward on CUDA: the tiled product of ops/linear_act/gemm.cuh three times. The
-// first recomputes z = x @ weight^T + bias and stores g = grad * act'(z) (float workspace); then
-// grad_x = g @ weight and grad_weight = g^T @ x; grad_bias sums g's columns, one thread per
-// column in row order (deterministic).
+// linear_act_backward on CUDA: g = grad * act'(z) into a float workspace, then the tiled product
+// of ops/linear_act/gemm.cuh twice: grad_x = g @ weight and grad_weight = g^T @ x. z is preact
+// (saved by linear_act_with_preact: g is one elementwise kernel) or, without it, recomputed by a
+// third product whose epilogue stores g; act='none' needs no z. grad_bias sums g's columns, one thread per column in
+// row order (deterministic).
+#include <type_traits>
+
 #include "opforge/registry.h"
 #include "ops/linear_act/gemm.cuh"
 
@@ -24,6 +27,18 @@ struct GradAct {
   }
 };
 
+// g[a, b] = grad[a, b] * act'(preact[a, b]); rows through each operand's Indexer.
+template <typename T, class ActGrad>
+__global__ void grad_from_preact(cuda::Acc<T>* g, int64_t m, int64_t n, const T* grad, cuda::Indexer grad_rows,
+                                 int64_t grad_stride, const T* preact, cuda::Indexer preact_rows,
+                                 int64_t preact_stride, ActGrad act_grad) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < m * n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t a = e / n, b = e % n;
+    g[e] = act_grad(cuda::load(grad + grad_rows.offset(a) + b * grad_stride),
+                    cuda::load(preact + preact_rows.offset(a) + b * preact_stride));
+  }
+}
+
 template <typename T, typename A>
 __global__ void sum_rows(T* out, const A* g, int64_t m, int64_t n) {
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x) {
@@ -44,6 +59,7 @@ void run(const KernelCall& call) {
   const TensorView& x = call.tensor("x");
   const TensorView& w = call.tensor("weight");
   const TensorView* bias = call.optional_tensor("bias");
+  const TensorView* preact = call.optional_tensor("preact");
   const int64_t k = x.size(-1), n = w.size(0), m = grad.numel() / (n ? n : 1);
   cudaStream_t stream = cuda::stream_of(call);
   const std::vector<int64_t> lead(x.shape.begin(), x.shape.end() - 1);
@@ -63,6 +79,16 @@ void run(const KernelCall& call) {
       const cuda::Indexer x_cols = cuda::make_indexer(op, {k}, {x.stride(-1)});
       const Mat<T> xa{x.data_as<const T>(), x_rows, x_cols};
       visit_act(call.attr_str("act"), [&](auto, auto act_grad) {
+        // act='none' needs no z (g = grad; IdentityGrad ignores the grad passed as z).
+        constexpr bool identity = std::is_same_v<decltype(act_grad), IdentityGrad>;
+        if (preact || identity) {
+          const TensorView& z = identity ? grad : *preact;
+          const cuda::Indexer z_rows = cuda::make_indexer(op, lead, {z.strides.begin(), z.strides.end() - 1});
+          grad_from_preact<T><<<cuda::blocks_for(m * n, 256), 256, 0, stream>>>(
+              g, m, n, grad.data_as<const T>(), g_rows, grad.stride(-1), z.data_as<const T>(), z_rows, z.stride(-1),
+              act_grad);
+          return cuda::check_launch(op);
+        }
         const GradAct<T, decltype(act_grad)> epi{g, n, grad.data_as<const T>(), g_rows, grad.stride(-1),
                                                  bias ? bias->data_as<const T>() : nullptr, bias ? bias->stride(0) : 0,
                                                  act_grad};

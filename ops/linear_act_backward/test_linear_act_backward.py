@@ -15,6 +15,7 @@ from opforge.references import linear_act as linear_act_reference
 
 ACTS = ["none", "relu", "gelu", "gelu_tanh", "silu"]
 COMPUTE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-24, "bfloat16": 2.0**-24}
+STORAGE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 # (m, n, k) as in test_linear_act.py: dot products, panels along either operand, K and row blocks.
 SHAPES = [(1, 7, 33), (1, 1, 1), (5, 65, 257), (65, 5, 33), (33, 65, 513), (257, 33, 65), (257, 300, 33)]
 
@@ -28,10 +29,10 @@ def autograd(g, x, w, b, act):
     return xt.grad.numpy(), wt.grad.numpy(), bt.grad.numpy()
 
 
-def check(grad, x, w, b, framework, dtype, act):
+def check(grad, x, w, b, framework, dtype, act, preact=None):
     g64, x64, w64 = to_float64(grad), to_float64(x), to_float64(w)
     b64 = None if b is None else to_float64(b)
-    got = opforge.linear_act_backward(grad, x, w, b, act=act)
+    got = opforge.linear_act_backward(grad, x, w, b, act=act, preact=preact)
     want = autograd(g64, x64, w64, b64, act)
     # Sums over n (grad_x) or the rows (grad_weight, grad_bias): an ulp per term of the magnitudes
     # they ran over, |g| * |act'| <= 1.2 |g|; plus act' off by z's rounding (k ulps, |act''| <= 1).
@@ -40,7 +41,9 @@ def check(grad, x, w, b, framework, dtype, act):
     rows_x = x64.reshape(rows_g.shape[0], k)
     z_scale = np.abs(rows_x) @ np.abs(w64).T + (0 if b64 is None else np.abs(b64))
     terms = max(w64.shape[0], rows_x.shape[0]) + 2
-    a = np.abs(rows_g) * (1.2 * terms + (k + 2) * z_scale)
+    # A saved preact is z rounded to the dtype: act' off by one more rounding of z.
+    rounding = 0 if preact is None else STORAGE_EPS[dtype] / COMPUTE_EPS[dtype]
+    a = np.abs(rows_g) * (1.2 * terms + (k + 2 + rounding) * z_scale)
     scales = [(a @ np.abs(w64)).reshape(x64.shape), a.T @ np.abs(rows_x), a.sum(axis=0)]
     rtol, atol = TOLERANCES[dtype]
     for name, g, wv, scale in zip(("grad_x", "grad_weight", "grad_bias"), got, want, scales):
@@ -102,6 +105,33 @@ def test_strided(simd_target, rng, framework, kind):
     check(grad, x, strided(rng, (40, 33), framework, "float32", kind)[0], b, framework, "float32", "gelu")
     base = to_framework(random(rng, (2, 7, 33), "float32"), framework, "float32")  # rows not evenly spaced
     check(grad.reshape(2, 3, 40)[:, :2], base[:, ::4], w, b, framework, "float32", "gelu")
+
+
+@pytest.mark.parametrize("framework, dtype", cases(["numpy"], FLOAT_DTYPES) + cases(["torch"], ["bfloat16"]))
+@pytest.mark.parametrize("act", ACTS)
+def test_saved_preact(simd_target, rng, act, framework, dtype):
+    # z saved by linear_act_with_preact, rounded to the dtype, instead of recomputed: the same
+    # bound plus one rounding of z.
+    grad, x, w, b = arrays(rng, 33, 70, 65, framework, dtype)
+    if act == "relu":  # relu' jumps at 0: no cotangent where z is close enough to pick either side
+        near_zero = np.abs(to_float64(x) @ to_float64(w).T + to_float64(b)) < 1e-3
+        grad[torch.from_numpy(near_zero) if framework == "torch" else near_zero] = 0
+    z = opforge.linear_act_with_preact(x, w, b, act=act)[1]
+    check(grad, x, w, b, framework, dtype, act, preact=z)
+    if act != "none":  # the kernel reads preact, not a recomputed z
+        shifted = opforge.linear_act_backward(grad, x, w, b, act=act, preact=z + 1)[0]
+        assert not np.allclose(to_float64(shifted), to_float64(opforge.linear_act_backward(grad, x, w, b, act=act)[0]))
+
+
+# Not broadcast: a view with stride 0 cannot hold z's distinct rows.
+@pytest.mark.parametrize("framework, kind", [(f, k) for f in ("numpy", "torch") for k in STRIDED_KINDS[f]
+                                             if k != "broadcast"])
+def test_saved_preact_strided(rng, framework, kind):
+    grad, x, w, b = arrays(rng, 6, 40, 33, framework, "float32")
+    z = opforge.linear_act_with_preact(x, w, b, act="silu")[1]
+    view = strided(rng, (6, 40), framework, "float32", kind)[0]
+    view[...] = z
+    check(grad, x, w, b, framework, "float32", "silu", preact=view)
 
 
 @pytest.fixture
@@ -171,6 +201,10 @@ W = np.ones((4, 3), np.float32)
      r"linear_act_backward\(\): 'act' must be one of 'none', 'relu', 'gelu', 'gelu_tanh', 'silu', got 'elu'"),
     (lambda: opforge.linear_act_backward(G, X.astype(np.float64), W), TypeError,
      r"linear_act_backward\(\): 'x' must have dtype float32 like 'grad', got float64"),
+    (lambda: opforge.linear_act_backward(G, X, W, preact=np.ones((2, 5), np.float32)), ValueError,
+     r"linear_act_backward\(\): 'preact' must have shape \[2, 4\], got \[2, 5\]"),
+    (lambda: opforge.linear_act_backward(G, X, W, preact=G.astype(np.float64)), TypeError,
+     r"linear_act_backward\(\): 'preact' must have dtype float32 like 'grad', got float64"),
     (lambda: opforge.linear_act_backward(G, X), TypeError,
      r"linear_act_backward\(\) missing required argument 'weight'"),
 ])

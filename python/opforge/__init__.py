@@ -71,12 +71,13 @@ def _make_function(op: _core.Op):
 
 
 def ops() -> list[dict]:
-    """Every registered op: name, schema, doc, per-argument dtypes and kernels per backend."""
+    """Every registered op: name, schema, doc, per-argument dtypes, kernels per backend, its
+    backward op and differentiable inputs (or None) and its saving forward (or None)."""
     out = []
     for name in _core.op_names():
         op = _core.op(name)
         out.append({"name": name, "schema": op.schema, "doc": op.doc, "args": op.args,
-                    "kernels": op.kernels})
+                    "kernels": op.kernels, "backward": op.backward, "saving_forward": op.saving_forward})
     return out
 
 

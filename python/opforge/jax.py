@@ -155,17 +155,25 @@ def _differentiable(name: str, names: tuple[str, ...], attr_items: tuple):
     backward = _op(backward_name)
     attrs = dict(attr_items)
 
+    # Under differentiation the op's saving forward runs instead, if it declares one: the same
+    # arguments, the op's result first, then what the backward op takes by those names.
+    saving = _primitive(op.core.saving_forward[0], names, attr_items) if op.core.saving_forward else None
+    saved_names = op.core.saving_forward[1] if saving else []
+
     @jax.custom_vjp
     def f(*present):
         return prim(*present)
 
     def fwd(*present):
-        out = prim(*present)
-        return out, (present, out)
+        if saving is None:
+            out, saved = prim(*present), ()
+        else:
+            out, *saved = saving(*present)
+        return out, (present, out, tuple(saved))
 
     def bwd(residuals, grad):
-        present, out = residuals
-        values = {**attrs, **dict(zip(names, present)), "grad": grad, "result": out}
+        present, out, saved = residuals
+        values = {**attrs, **dict(zip(names, present)), **dict(zip(saved_names, saved)), "grad": grad, "result": out}
         args = {a["name"]: values.get(a["name"]) for a in backward.args}
         grads = apply(backward_name, **args)
         grads = grads if isinstance(grads, (tuple, list)) else (grads,)

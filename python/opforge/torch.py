@@ -232,7 +232,9 @@ def _fake_kernel(op: _Op):
 
 def _autograd_rules(op: _Op):
     """(setup_context, backward) calling the declared backward op, its arguments bound by name:
-    "grad" is the cotangent, "result" the op's result, any other name the op's argument."""
+    "grad" is the cotangent, "result" the op's result, any other name the op's argument. These
+    rules cannot swap the forward for the op's saving forward (OpDef::saving_forward), so what
+    it would save arrives as None (the declaration requires that) and the backward op recomputes it."""
     if op.backward is None:
         def not_differentiable(ctx, *grads):
             raise RuntimeError(f"{op.name}() is not differentiable: its declaration names no backward op")

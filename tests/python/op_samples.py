@@ -1,6 +1,7 @@
 """Torch inputs for any op, shared by the torch adapter's tests and the forge device's: from each
-op's reference sample (opforge.references.<name>.sample); a backward op without one is fed from
-its forward op's sample, the cotangent drawn like the forward result."""
+op's reference sample (opforge.references.<name>.sample); a saving forward (linear_act_with_preact)
+takes its op's sample; a backward op without one is fed from its forward op's sample, the
+cotangent drawn like the forward result, saved results from the saving forward."""
 
 import importlib
 
@@ -13,6 +14,7 @@ import opforge
 OPS = opforge._core.op_names()
 CORE = {name: opforge._core.op(name) for name in OPS}
 FORWARD_OF = {CORE[n].backward[0]: n for n in OPS if CORE[n].backward}
+SAVING_OF = {CORE[n].saving_forward[0]: n for n in OPS if CORE[n].saving_forward}
 WITH_REFERENCE = [n for n in OPS if importlib.util.find_spec(f"opforge.references.{n}") is not None]
 
 
@@ -43,11 +45,18 @@ def sample(name, rng, dtype, rows=5, cols=33, grad=False, device="cpu"):
             return torch.from_numpy(a).to(getattr(torch, dtype))
 
         tensors = [convert(a).to(device) for a in arrays]
+    elif name in SAVING_OF:
+        tensors, attrs = sample(SAVING_OF[name], rng, dtype, rows, cols, device=device)
     elif name in FORWARD_OF:
         forward = FORWARD_OF[name]
         args, attrs = sample(forward, rng, dtype, rows, cols, device=device)
-        result = getattr(torch.ops.opforge, forward)(*args, **attrs)
-        values = {**dict(zip(tensor_names(forward), args)), "result": result,
+        saving = CORE[forward].saving_forward
+        if saving:
+            result, *saved = getattr(torch.ops.opforge, saving[0])(*args, **attrs)
+            extra = dict(zip(saving[1], saved))
+        else:
+            result, extra = getattr(torch.ops.opforge, forward)(*args, **attrs), {}
+        values = {**dict(zip(tensor_names(forward), args)), "result": result, **extra,
                   "grad": torch.from_numpy(rng.standard_normal(tuple(result.shape))).to(result.dtype).to(device)}
         tensors = [values[n] for n in tensor_names(name)]
         taken = {a["name"] for a in CORE[name].args}  # scatter_add_backward takes dim, not dim_size

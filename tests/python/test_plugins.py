@@ -266,6 +266,49 @@ print('ok')
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-4000:]
 
 
+# Ops whose backward or saving forward declarations are wrong, one mistake each (no kernels:
+# the checks are on declarations). OP(name, schema, extra declaration calls).
+BAD_GRADIENTS = """#include "opforge/registry.h"
+#define OP(NAME, SCHEMA, ...) OPFORGE_OP(NAME) { return opforge::OpDef(SCHEMA) __VA_ARGS__ \\
+    .shape([](const opforge::ShapeContext& c) { return opforge::Outputs(c.op().schema().num_results, c.like("x")); }); }
+OP(g_bwd, "g_bwd(Tensor grad, Tensor x, Tensor? z=None) -> Tensor")
+OP(g_strict_bwd, "g_strict_bwd(Tensor grad, Tensor z) -> Tensor")
+OP(g_save, "g_save(Tensor x) -> (Tensor, Tensor)")
+OP(g_no_op, "g_no_op(Tensor x) -> Tensor", .backward("g_bwd", {"x"}).saving_forward("g_missing", {"z"}))
+OP(g_other_args, "g_other_args(Tensor x, float eps=1.0) -> Tensor", .backward("g_bwd", {"x"}).saving_forward("g_save", {"z"}))
+OP(g_one_result, "g_one_result(Tensor x) -> Tensor", .backward("g_bwd", {"x"}).saving_forward("g_bwd_like", {"z"}))
+OP(g_bwd_like, "g_bwd_like(Tensor x) -> Tensor")
+OP(g_required, "g_required(Tensor x) -> Tensor", .backward("g_strict_bwd", {"x"}).saving_forward("g_save", {"z"}))
+OP(g_unused, "g_unused(Tensor x) -> Tensor", .saving_forward("g_save", {"z"}))
+OP(g_unknown_arg, "g_unknown_arg(Tensor x) -> Tensor", .backward("g_bwd", {"x"}))
+OP(g_no_bwd, "g_no_bwd(Tensor x) -> Tensor", .backward("g_nowhere", {"x"}))
+OP(g_named_x, "g_named_x(Tensor x) -> Tensor", .backward("g_bwd", {"x"}).saving_forward("g_save", {"x"}))
+"""
+
+
+def test_bad_gradient_declarations_fail_the_import(tmp_path):
+    folder = tmp_path / "ops" / "bad_gradients"
+    folder.mkdir(parents=True)
+    (folder / "bad_gradients.cc").write_text(BAD_GRADIENTS)
+    out = run_with_plugins("import opforge", build_plugin(folder, tmp_path / "bad.so"))
+    assert out.returncode != 0 and "ImportError: opforge: some ops failed to register" in out.stderr
+    for message in [
+        "op 'g_no_op': saving forward 'g_missing' is not registered",
+        "op 'g_other_args': saving forward 'g_save' must take the same arguments as 'g_other_args'",
+        "op 'g_one_result': saving forward 'g_bwd_like' must return 2 results ('g_one_result' result, then one "
+        "per saved name), not 1",
+        "op 'g_required': backward op 'g_strict_bwd' must take saved 'z' as 'Tensor? z=None'",
+        "op 'g_unused': saving forward 'g_save' is declared without a backward op to use what it saves",
+        "op 'g_unknown_arg': backward op 'g_bwd' takes 'z', which is neither 'grad', 'result', an argument of "
+        "'g_unknown_arg' nor a result its saving forward saves",
+        "op 'g_no_bwd': backward op 'g_nowhere' is not registered",
+        "op 'g_named_x': g_named_x(): saved result 'x' is named like 'grad', 'result' or an argument",
+    ]:
+        assert message in out.stderr, f"{message!r} not in:\n{out.stderr[-4000:]}"
+    for fine in ("'g_bwd'", "'g_save'", "'g_bwd_like'", "'g_strict_bwd'"):
+        assert f"op {fine}:" not in out.stderr  # correct declarations raise nothing
+
+
 def test_the_tour_checks_plugin_ops_against_their_reference(plus_two):
     _, _, path = plus_two
     env = {**os.environ, "OPFORGE_PLUGINS": str(path)}
