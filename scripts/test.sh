@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test: the C++ core tests (built by `scripts/install.sh --tests`) and pytest.
+# Runs every test: the C++ core tests (built by `scripts/install.sh --tests`), pytest, and the GPU
+# tests' CPU dry run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,3 +10,6 @@ if [[ ! -x build/ci/opforge_cpp_tests ]]; then
 fi
 ctest --test-dir build/ci --output-on-failure -j2
 python3 -m pytest
+# The GPU tests' own plumbing (samples, comparisons) on the CPU backend: a mistake there would
+# otherwise surface only in the rare session with a GPU.
+OPFORGE_TEST_DEVICE=cpu python3 -m pytest -q tests/python/test_cuda.py

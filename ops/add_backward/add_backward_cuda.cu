@@ -1,81 +1,28 @@
-// add_backward on CUDA: each operand's gradient sums grad over the dimensions the operand
-// was broadcast along. Short sums: one thread per output, summing in order. Long sums: one
-// block per output, threads striding the summed range, then a fixed shared-memory tree.
-// Both orders depend on the shapes only, so results are bitwise repeatable.
-#include "opforge/cuda/common.cuh"
+// add_backward on CUDA: each operand's gradient sums grad over the dimensions the operand was
+// broadcast along, in an order that depends on the shapes only (opforge/cuda/sum_to_shape.cuh),
+// so results are bitwise repeatable.
+#include "opforge/cuda/sum_to_shape.cuh"
 #include "opforge/registry.h"
 
 namespace opforge::add_backward_cuda {
 
-constexpr int kThreads = 256;
-
-template <typename T>
-__global__ void per_thread(T* out, const T* grad, cuda::Indexer kept, cuda::Indexer summed, int64_t m, int64_t r) {
-  for (int64_t o = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; o < m; o += int64_t(gridDim.x) * blockDim.x) {
-    const T* base = grad + kept.offset(o);
-    cuda::Acc<T> sum = 0;
-    for (int64_t i = 0; i < r; ++i) sum += cuda::load(base + summed.offset(i));
-    cuda::store(out + o, sum);
-  }
-}
-
-template <typename T>
-__global__ void per_block(T* out, const T* grad, cuda::Indexer kept, cuda::Indexer summed, int64_t m, int64_t r) {
-  using A = cuda::Acc<T>;
-  __shared__ A partial[kThreads];
-  for (int64_t o = blockIdx.x; o < m; o += gridDim.x) {
-    const T* base = grad + kept.offset(o);
-    A sum = 0;
-    for (int64_t i = threadIdx.x; i < r; i += kThreads) sum += cuda::load(base + summed.offset(i));
-    partial[threadIdx.x] = sum;
-    __syncthreads();
-    for (int s = kThreads / 2; s > 0; s /= 2) {
-      if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) cuda::store(out + o, partial[0]);
-    __syncthreads();  // partial[0] is read above before the next output overwrites it
-  }
-}
-
 void reduce(const KernelCall& call, const TensorView& grad, const TensorView& out) {
   if (out.numel() == 0) return;
   cudaStream_t stream = cuda::stream_of(call);
-  if (grad.numel() == 0) {  // a size-0 dimension summed away: the sum of nothing
-    const cudaError_t status = cudaMemsetAsync(out.data, 0, out.nbytes(), stream);
-    if (status != cudaSuccess)
-      fail(ErrorKind::runtime, "add_backward(): cudaMemsetAsync failed: ", cudaGetErrorString(status));
-    return;
-  }
-  // grad's dimensions split into those out keeps (out is row-major over them) and summed ones.
-  std::vector<int64_t> kept_size, kept_stride, red_size, red_stride;
-  const size_t lead = grad.shape.size() - out.shape.size();
-  bool inner_kept = true;
-  for (size_t d = 0; d < grad.shape.size(); ++d) {
-    if (grad.shape[d] == 1) continue;
-    inner_kept = d >= lead && out.shape[d - lead] == grad.shape[d];
-    (inner_kept ? kept_size : red_size).push_back(grad.shape[d]);
-    (inner_kept ? kept_stride : red_stride).push_back(grad.strides[d]);
-  }
-  const auto kept = cuda::make_indexer("add_backward", kept_size, kept_stride);
-  const auto summed = cuda::make_indexer("add_backward", red_size, red_stride);
+  if (grad.numel() == 0)  // a size-0 dimension summed away: the sum of nothing
+    return cuda::check_cuda("add_backward", cudaMemsetAsync(out.data, 0, out.nbytes(), stream), "cudaMemsetAsync");
+  const cuda::SumSplit s = cuda::split_for_sum(grad.shape, out.shape, {grad.strides});
   const int64_t m = out.numel(), r = grad.numel() / m;
-  // Threads per output when sums are short, or when neighbouring threads read neighbouring
-  // grad elements and there are enough outputs to fill the GPU.
-  const bool threads_per_output = r < kThreads || (inner_kept && m >= 16 * kThreads);
   cuda::visit(grad.dtype, "add_backward", [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_integral_v<T>) {
       fail(ErrorKind::not_implemented, "add_backward(): no integer kernel");
-    } else if (threads_per_output) {
-      per_thread<T><<<cuda::blocks_for(m, kThreads), kThreads, 0, stream>>>(
-          out.data_as<T>(), grad.data_as<const T>(), kept, summed, m, r);
     } else {
-      const unsigned blocks = static_cast<unsigned>(m < 65535 * 16 ? m : 65535 * 16);
-      per_block<T><<<blocks, kThreads, 0, stream>>>(out.data_as<T>(), grad.data_as<const T>(), kept, summed, m, r);
+      const cuda::GradTerms<T> terms{grad.data_as<const T>(), cuda::make_indexer("add_backward", s.kept, s.kept_steps[0]),
+                                     cuda::make_indexer("add_backward", s.summed, s.summed_steps[0])};
+      cuda::sum_to_shape("add_backward", out.data_as<T>(), terms, m, r, s.inner_kept, stream);
     }
   });
-  cuda::check_launch("add_backward");
 }
 
 void run(const KernelCall& call) {

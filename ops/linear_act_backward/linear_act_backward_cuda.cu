@@ -1,10 +1,11 @@
 // linear_act_backward on CUDA: g = grad * act'(z) into a float workspace, then the tiled product
 // of ops/linear_act/gemm.cuh twice: grad_x = g @ weight and grad_weight = g^T @ x. z is preact
 // (saved by linear_act_with_preact: g is one elementwise kernel) or, without it, recomputed by a
-// third product whose epilogue stores g; act='none' needs no z. grad_bias sums g's columns, one thread per column in
-// row order (deterministic).
+// third product whose epilogue stores g; act='none' needs no z. grad_bias sums g's columns in an
+// order fixed by the shapes (deterministic).
 #include <type_traits>
 
+#include "opforge/cuda/sum_to_shape.cuh"
 #include "opforge/registry.h"
 #include "ops/linear_act/gemm.cuh"
 
@@ -36,15 +37,6 @@ __global__ void grad_from_preact(cuda::Acc<T>* g, int64_t m, int64_t n, const T*
     const int64_t a = e / n, b = e % n;
     g[e] = act_grad(cuda::load(grad + grad_rows.offset(a) + b * grad_stride),
                     cuda::load(preact + preact_rows.offset(a) + b * preact_stride));
-  }
-}
-
-template <typename T, typename A>
-__global__ void sum_rows(T* out, const A* g, int64_t m, int64_t n) {
-  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x) {
-    A sum = 0;
-    for (int64_t i = 0; i < m; ++i) sum += g[i * n + j];
-    cuda::store(out + j, sum);
   }
 }
 
@@ -101,8 +93,9 @@ void run(const KernelCall& call) {
         const BiasAct<T, Identity> gw{call.output(1).data_as<T>(), k, nullptr, 0, Identity{}};
         gemm<A>(op, n, k, m, matrix<A>(op, g, n, 1, m, n), Mat<T>{x.data_as<const T>(), x_cols, x_rows}, gw, stream);
       }
-      sum_rows<<<cuda::blocks_for(n, 256), 256, 0, stream>>>(call.output(2).data_as<T>(), static_cast<const A*>(g), m, n);
-      cuda::check_launch(op);
+      // grad_bias: g's columns summed (opforge/cuda/sum_to_shape.cuh: chunks of rows, then in order).
+      const cuda::GradTerms<A> columns{g, cuda::make_indexer(op, {n}, {1}), cuda::make_indexer(op, {m}, {n})};
+      cuda::sum_to_shape(op, call.output(2).data_as<T>(), columns, n, m, /*inner_kept=*/true, stream);
     } catch (...) {  // a failed launch (gemm checks each of its own) must not leak the workspace
       cudaFreeAsync(g, stream);
       throw;

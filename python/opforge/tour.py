@@ -136,7 +136,8 @@ def run_tour(frameworks, rows=512, cols=1024, repeats=30, csv_path=None) -> int:
         print(f"{r['op']:<18} {r['native']:<10} {r['path']:<20} {r['backend']:<8} {r['shape']:<10} {r['max_error']:>10.2e} "
               f"{r['opforge_us']:>11.1f} {theirs}{flag}")
     if skipped:
-        print(f"\nwithout a reference.py (backward ops are checked through autograd in the tests): {', '.join(skipped)}")
+        print("\nwithout a reference.py (backward ops and saving forwards are checked by their tests and through "
+              f"autograd): {', '.join(skipped)}")
     if csv_path:
         with open(csv_path, "w", newline="") as f:
             fields = ["op", "framework", "path", "backend", "dtype", "shape", "max_error", "opforge_us", "native_us", "ratio"]

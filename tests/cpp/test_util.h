@@ -4,10 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +31,26 @@ inline int64_t naive_offset(int64_t linear, const std::vector<int64_t>& shape, c
     linear /= shape[d];
   }
   return offset;
+}
+
+// Strides of a random view of `shape`: a contiguous buffer of a larger shape, sliced with
+// steps, its dimensions permuted, some broadcast (stride 0).
+inline std::vector<int64_t> random_strides(const std::vector<int64_t>& shape, std::mt19937& rng) {
+  const size_t rank = shape.size();
+  std::vector<size_t> order(rank);
+  std::iota(order.begin(), order.end(), 0);
+  if (rng() % 2) std::shuffle(order.begin(), order.end(), rng);
+  std::vector<int64_t> strides(rank);
+  int64_t step = 1;
+  for (size_t i = rank; i-- > 0;) {
+    const size_t d = order[i];
+    const int64_t slice = rng() % 4 == 0 ? 2 : 1;
+    strides[d] = step * slice;
+    step *= shape[d] * slice + (rng() % 3 == 0 ? 1 : 0);
+  }
+  for (size_t d = 0; d < rank; ++d)
+    if (rng() % 6 == 0) strides[d] = 0;
+  return strides;
 }
 
 inline const char* kind_name(ErrorKind kind) {

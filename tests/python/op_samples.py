@@ -30,6 +30,20 @@ def dtypes(name):
     return next(a for a in CORE[name].args if a["kind"].startswith("Tensor"))["dtypes"]
 
 
+def backward_values(forward, args, attrs, rng):
+    """What the backward op of `forward` may take, by name, for these arguments: the arguments,
+    "result" and the saved results (from the saving forward where the op declares one), and a
+    random cotangent "grad" like the result."""
+    saving = CORE[forward].saving_forward
+    if saving:
+        result, *saved = getattr(torch.ops.opforge, saving[0])(*args, **attrs)
+        values = dict(zip(saving[1], saved))
+    else:
+        result, values = getattr(torch.ops.opforge, forward)(*args, **attrs), {}
+    grad = torch.from_numpy(rng.standard_normal(tuple(result.shape))).to(result.dtype).to(result.device)
+    return {**dict(zip(tensor_names(forward), args)), **values, "result": result, "grad": grad}
+
+
 def sample(name, rng, dtype, rows=5, cols=33, grad=False, device="cpu"):
     """(tensors in schema order, attrs) for `name` in `dtype` on `device`; with grad, the
     declared differentiable inputs require grad."""
@@ -50,14 +64,7 @@ def sample(name, rng, dtype, rows=5, cols=33, grad=False, device="cpu"):
     elif name in FORWARD_OF:
         forward = FORWARD_OF[name]
         args, attrs = sample(forward, rng, dtype, rows, cols, device=device)
-        saving = CORE[forward].saving_forward
-        if saving:
-            result, *saved = getattr(torch.ops.opforge, saving[0])(*args, **attrs)
-            extra = dict(zip(saving[1], saved))
-        else:
-            result, extra = getattr(torch.ops.opforge, forward)(*args, **attrs), {}
-        values = {**dict(zip(tensor_names(forward), args)), "result": result, **extra,
-                  "grad": torch.from_numpy(rng.standard_normal(tuple(result.shape))).to(result.dtype).to(device)}
+        values = backward_values(forward, args, attrs, rng)
         tensors = [values[n] for n in tensor_names(name)]
         taken = {a["name"] for a in CORE[name].args}  # scatter_add_backward takes dim, not dim_size
         attrs = {k: v for k, v in attrs.items() if k in taken}

@@ -24,6 +24,7 @@ torch = pytest.importorskip("torch")
 import opforge  # noqa: E402
 import opforge.torch  # noqa: E402,F401  (defines torch.ops.opforge)
 from opforge.testing import FLOAT_DTYPES, TOLERANCES  # noqa: E402
+from op_samples import backward_values  # noqa: E402
 
 DEVICE = os.environ.get("OPFORGE_TEST_DEVICE", "cuda")
 assert DEVICE in ("cuda", "cpu"), f"OPFORGE_TEST_DEVICE must be cuda or cpu, got {DEVICE!r}"
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.skipif(ON_GPU and not torch.cuda.is_available(), reason
 OPS = opforge._core.op_names()
 CORE = {name: opforge._core.op(name) for name in OPS}
 FORWARD_OF = {CORE[n].backward[0]: n for n in OPS if CORE[n].backward}
+SAVING_OF = {CORE[n].saving_forward[0]: n for n in OPS if CORE[n].saving_forward}
 
 
 def kernel_dtypes(name):
@@ -99,12 +101,12 @@ def sample(name, rng, dtype, fmt=None, rows=5, cols=33):
         arrays, attrs = SAMPLES[name](rng, rows, cols, fmt)
     elif has_reference(name):
         arrays, attrs = reference(name).sample(rng, rows=rows, cols=cols)
+    elif name in SAVING_OF:  # a saving forward takes its op's arguments
+        return sample(SAVING_OF[name], rng, dtype, fmt, rows, cols)
     elif name in FORWARD_OF:
         forward = FORWARD_OF[name]
         args, attrs = sample(forward, rng, dtype, fmt, rows, cols)
-        result = getattr(torch.ops.opforge, forward)(*args, **attrs)
-        values = {**dict(zip(tensor_names(forward), args)), "result": result,
-                  "grad": torch.from_numpy(rng.standard_normal(tuple(result.shape))).to(result.dtype)}
+        values = backward_values(forward, args, attrs, rng)
         own = {a["name"] for a in CORE[name].args}  # the backward may take fewer attributes
         return [values[n] for n in tensor_names(name)], {k: v for k, v in attrs.items() if k in own}
     else:
