@@ -83,8 +83,8 @@ static void check_saving_unlocked(const OpDef& op, const OpDef* bwd, std::vector
   if (op.schema().num_results != 1) errors.push_back(str(who, ": only an op with one result can have one"));
   const int64_t want = 1 + static_cast<int64_t>(op.saved().size());
   if (saving->schema().num_results != want)
-    errors.push_back(str(who, " must return ", want, " results ('", op.name(), "' result, then one per saved name), ",
-                         "not ", saving->schema().num_results));
+    errors.push_back(str(who, " must return ", want, " results (the result of '", op.name(),
+                         "', then one per saved name), not ", saving->schema().num_results));
   if (!bwd) return;
   for (const auto& name : op.saved()) {
     const int64_t i = bwd->schema().arg_index(name);

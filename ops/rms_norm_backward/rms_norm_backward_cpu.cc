@@ -1,8 +1,10 @@
 // rms_norm_backward on the CPU. Rows are cut into a number of chunks that depends on the
 // shape only; each chunk runs on one thread, row by row: one SIMD pass for sum(x^2) and
-// sum(g*w*x), one that writes grad_x and adds g*x*inv into the chunk's own grad_weight
-// partial. The partials are then added in chunk order, so grad_weight is bitwise the same
-// whatever the thread count.
+// sum(g*w*x), one that writes grad_x (non-temporal stores for a large output) and adds
+// g*x*inv into the chunk's own grad_weight partial while prefetching the next row. The
+// partials are then added in chunk order, so grad_weight is bitwise the same whatever the
+// thread count (single elements use the vectors' fused operations, so an element's bits do
+// not depend on which loop took it).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/rms_norm_backward/rms_norm_backward_cpu.cc"
 #include <hwy/foreach_target.h>  // re-includes this file once per target
@@ -24,9 +26,11 @@ namespace hn = hwy::HWY_NAMESPACE;
 using namespace opforge::cpu::HWY_NAMESPACE;
 
 // One row: g, x, w and gx are contiguous rows of n elements; gw accumulates grad_weight.
+// next_g, next_x: the next row's (or nullptr), prefetched during the second pass, which reads
+// this row from cache, so their reads from memory overlap its arithmetic and stores.
 template <typename T>
 void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT gw, const T* HWY_RESTRICT g, const T* HWY_RESTRICT x,
-         const T* HWY_RESTRICT w, int64_t n, double eps) {
+         const T* HWY_RESTRICT w, int64_t n, double eps, bool stream, const T* next_g, const T* next_x) {
   using C = Compute<T>;
   const hn::ScalableTag<C> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -55,17 +59,20 @@ void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT gw, const T* HWY_RESTRICT 
   const C inv = C(1) / std::sqrt(ss / static_cast<C>(n) + static_cast<C>(eps));
   const C coef = inv * inv * (dot / static_cast<C>(n));  // grad_x = inv * (g*w - x*coef)
   const auto vinv = hn::Set(d, inv), vcoef = hn::Set(d, coef);
-  i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto gv = LoadAs(d, g + i), xv = LoadAs(d, x + i);
-    StoreAs(d, hn::Mul(vinv, hn::NegMulAdd(xv, vcoef, hn::Mul(gv, LoadAs(d, w + i)))), gx + i);
-    hn::StoreU(hn::MulAdd(hn::Mul(gv, xv), vinv, hn::LoadU(d, gw + i)), d, gw + i);
-  }
-  for (; i < n; ++i) {
-    const C gi = ToCompute(g[i]), xi = ToCompute(x[i]);
-    gx[i] = FromCompute<T>(inv * (gi * ToCompute(w[i]) - xi * coef));
-    gw[i] += gi * xi * inv;
-  }
+  PrefetchBytes(next_g, n * static_cast<int64_t>(sizeof(T)));
+  PrefetchBytes(next_x, n * static_cast<int64_t>(sizeof(T)));
+  // Writes grad_x and, element by element in the same sweep, adds into grad_weight's partial.
+  WriteRow(gx, n, stream,
+           [&](int64_t k) {
+             const auto gv = LoadAs(d, g + k), xv = LoadAs(d, x + k);
+             hn::StoreU(hn::MulAdd(hn::Mul(gv, xv), vinv, hn::LoadU(d, gw + k)), d, gw + k);
+             return hn::Mul(vinv, hn::NegMulAdd(xv, vcoef, hn::Mul(gv, LoadAs(d, w + k))));
+           },
+           [&](int64_t k) {
+             const C gk = ToCompute(g[k]), xk = ToCompute(x[k]);
+             gw[k] = std::fma(gk * xk, inv, gw[k]);
+             return inv * std::fma(-xk, coef, gk * ToCompute(w[k]));
+           });
 }
 
 template <typename T>
@@ -88,11 +95,16 @@ void Backward(const KernelCall& call) {
   const T* w = RowOf(weight, 0, n, weight_copy);
   const int64_t chunks = RowChunks(rows, n);
   std::vector<C> partial(chunks * n, C(0));
+  const bool stream = StreamsOutput<T>(rows * n);
   parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> g_buf, x_buf;
-    for (int64_t k = begin; k < end; ++k)
-      for (int64_t r = rows * k / chunks; r < rows * (k + 1) / chunks; ++r)
-        Row(gx + r * n, partial.data() + k * n, RowOf(grad, r, n, g_buf), RowOf(x, r, n, x_buf), w, n, eps);
+    for (int64_t k = begin; k < end; ++k) {
+      const int64_t last = rows * (k + 1) / chunks;
+      for (int64_t r = rows * k / chunks; r < last; ++r)
+        Row(gx + r * n, partial.data() + k * n, RowOf(grad, r, n, g_buf), RowOf(x, r, n, x_buf), w, n, eps, stream,
+            NextRowOf<T>(grad, r, last, n), NextRowOf<T>(x, r, last, n));
+    }
+    StreamFence(stream);
   });
   SumChunks(gw_out.data_as<T>(), partial.data(), chunks, n);
 }

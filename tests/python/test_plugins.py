@@ -283,6 +283,7 @@ OP(g_unused, "g_unused(Tensor x) -> Tensor", .saving_forward("g_save", {"z"}))
 OP(g_unknown_arg, "g_unknown_arg(Tensor x) -> Tensor", .backward("g_bwd", {"x"}))
 OP(g_no_bwd, "g_no_bwd(Tensor x) -> Tensor", .backward("g_nowhere", {"x"}))
 OP(g_named_x, "g_named_x(Tensor x) -> Tensor", .backward("g_bwd", {"x"}).saving_forward("g_save", {"x"}))
+OP(g_two, "g_two(Tensor x) -> (Tensor, Tensor)", .backward("g_bwd", {"x"}).saving_forward("g_save", {"z"}))
 """
 
 
@@ -295,14 +296,15 @@ def test_bad_gradient_declarations_fail_the_import(tmp_path):
     for message in [
         "op 'g_no_op': saving forward 'g_missing' is not registered",
         "op 'g_other_args': saving forward 'g_save' must take the same arguments as 'g_other_args'",
-        "op 'g_one_result': saving forward 'g_bwd_like' must return 2 results ('g_one_result' result, then one "
-        "per saved name), not 1",
+        "op 'g_one_result': saving forward 'g_bwd_like' must return 2 results (the result of 'g_one_result', then "
+        "one per saved name), not 1",
         "op 'g_required': backward op 'g_strict_bwd' must take saved 'z' as 'Tensor? z=None'",
         "op 'g_unused': saving forward 'g_save' is declared without a backward op to use what it saves",
         "op 'g_unknown_arg': backward op 'g_bwd' takes 'z', which is neither 'grad', 'result', an argument of "
         "'g_unknown_arg' nor a result its saving forward saves",
         "op 'g_no_bwd': backward op 'g_nowhere' is not registered",
         "op 'g_named_x': g_named_x(): saved result 'x' is named like 'grad', 'result' or an argument",
+        "op 'g_two': saving forward 'g_save': only an op with one result can have one",
     ]:
         assert message in out.stderr, f"{message!r} not in:\n{out.stderr[-4000:]}"
     for fine in ("'g_bwd'", "'g_save'", "'g_bwd_like'", "'g_strict_bwd'"):
