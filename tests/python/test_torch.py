@@ -300,13 +300,18 @@ def test_cpp_autograd_edges_follow_the_declaration():
 
 def test_python_autograd_fallback_in_a_subprocess():
     """OPFORGE_TORCH_NATIVE=0: the rules registered in Python (what a torch other than the
-    build's gets) give the same gradients and typed errors."""
+    build's gets) give the same gradients (also through an op with a saving forward) and typed
+    errors."""
     code = """
 import torch, opforge.torch as ot
 assert not ot.NATIVE_AUTOGRAD
 x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
 w = torch.randn(5, dtype=torch.float64, requires_grad=True)
 assert torch.autograd.gradcheck(lambda a, b: torch.ops.opforge.rms_norm(a, b, 1e-6), (x, w))
+# linear_act's saving forward cannot run here: its backward op gets preact=None and recomputes.
+wl = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+b = torch.randn(4, dtype=torch.float64, requires_grad=True)
+assert torch.autograd.gradcheck(lambda a, m, c: ot.linear_act(a, m, c, act="gelu"), (x, wl, b))
 try:
     torch.ops.opforge.add(torch.ones(3), torch.ones(4))
 except ValueError as e:
