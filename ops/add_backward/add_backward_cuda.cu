@@ -18,7 +18,8 @@ void reduce(const KernelCall& call, const TensorView& grad, const TensorView& ou
     if constexpr (std::is_integral_v<T>) {
       fail(ErrorKind::not_implemented, "add_backward(): no integer kernel");
     } else {
-      const cuda::GradTerms<T> terms{grad.data_as<const T>(), cuda::make_indexer("add_backward", s.kept, s.kept_steps[0]),
+      const cuda::GradTerms<T> terms{grad.data_as<const T>(),
+                                     cuda::make_indexer("add_backward", s.kept, s.kept_steps[0]),
                                      cuda::make_indexer("add_backward", s.summed, s.summed_steps[0])};
       cuda::sum_to_shape("add_backward", out.data_as<T>(), terms, m, r, s.inner_kept, stream);
     }

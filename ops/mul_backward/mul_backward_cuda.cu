@@ -31,7 +31,8 @@ void reduce(const KernelCall& call, const TensorView& grad, const TensorView& ot
   cudaStream_t stream = cuda::stream_of(call);
   if (grad.numel() == 0)  // a size-0 dimension summed away: the sum of nothing
     return cuda::check_cuda(op, cudaMemsetAsync(out.data, 0, out.nbytes(), stream), "cudaMemsetAsync");
-  const cuda::SumSplit s = cuda::split_for_sum(grad.shape, out.shape, {grad.strides, broadcast_strides(other, grad.shape)});
+  const cuda::SumSplit s =
+      cuda::split_for_sum(grad.shape, out.shape, {grad.strides, broadcast_strides(other, grad.shape)});
   const int64_t m = out.numel(), r = grad.numel() / m;
   cuda::visit(grad.dtype, op, [&](auto tag) {
     using T = decltype(tag);

@@ -46,7 +46,8 @@ inline SumSplit split_for_sum(const std::vector<int64_t>& grad_shape, const std:
     if (grad_shape[d] == 1) continue;
     s.inner_kept = d >= lead && out_shape[d - lead] == grad_shape[d];
     (s.inner_kept ? s.kept : s.summed).push_back(grad_shape[d]);
-    for (size_t k = 0; k < strides.size(); ++k) (s.inner_kept ? s.kept_steps : s.summed_steps)[k].push_back(strides[k][d]);
+    auto& steps = s.inner_kept ? s.kept_steps : s.summed_steps;
+    for (size_t k = 0; k < strides.size(); ++k) steps[k].push_back(strides[k][d]);
   }
   return s;
 }
