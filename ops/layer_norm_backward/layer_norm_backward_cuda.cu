@@ -105,11 +105,6 @@ __global__ void combine_kernel(T* gw, T* gb, const cuda::Acc<T>* partial_w, cons
   }
 }
 
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    fail(ErrorKind::runtime, "layer_norm_backward(): ", what, " failed: ", cudaGetErrorString(status));
-}
-
 cuda::Indexer rows_of(const TensorView& t) {
   std::vector<int64_t> outer(t.shape.begin(), t.shape.end() - 1);
   std::vector<int64_t> outer_strides(t.strides.begin(), t.strides.end() - 1);
@@ -117,6 +112,7 @@ cuda::Indexer rows_of(const TensorView& t) {
 }
 
 void run(const KernelCall& call) {
+  const char* op = "layer_norm_backward";
   const TensorView& g = call.tensor("grad");
   const TensorView& x = call.tensor("x");
   const TensorView& w = call.tensor("weight");
@@ -128,8 +124,8 @@ void run(const KernelCall& call) {
   if (n == 0) return;
   const int64_t rows = x.numel() / n;
   if (rows == 0) {  // no rows: grad_weight and grad_bias are empty sums
-    check(cudaMemsetAsync(gw.data, 0, gw.nbytes(), stream), "cudaMemsetAsync");
-    check(cudaMemsetAsync(gb.data, 0, gb.nbytes(), stream), "cudaMemsetAsync");
+    cuda::check_cuda(op, cudaMemsetAsync(gw.data, 0, gw.nbytes(), stream), "cudaMemsetAsync");
+    cuda::check_cuda(op, cudaMemsetAsync(gb.data, 0, gb.nbytes(), stream), "cudaMemsetAsync");
     return;
   }
   const auto g_rows = rows_of(g), x_rows = rows_of(x);
@@ -141,8 +137,8 @@ void run(const KernelCall& call) {
     } else {
       using A = cuda::Acc<T>;
       A* workspace = nullptr;
-      check(cudaMallocAsync(reinterpret_cast<void**>(&workspace), sizeof(A) * (3 * rows + 2 * chunks * n), stream),
-            "cudaMallocAsync");
+      const size_t bytes = sizeof(A) * (3 * rows + 2 * chunks * n);
+      cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), bytes, stream), "cudaMallocAsync");
       A* moments = workspace;
       A* partial_w = workspace + 3 * rows;
       A* partial_b = partial_w + chunks * n;
@@ -156,7 +152,8 @@ void run(const KernelCall& call) {
                                                        n, chunks);
       combine_kernel<T><<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(gw.data_as<T>(), gb.data_as<T>(),
                                                                                 partial_w, partial_b, n, chunks);
-      check(cudaFreeAsync(workspace, stream), "cudaFreeAsync");  // first, so a failed launch leaks nothing
+      // First, so a failed launch leaks nothing.
+      cuda::check_cuda(op, cudaFreeAsync(workspace, stream), "cudaFreeAsync");
       cuda::check_launch("layer_norm_backward");
     }
   });

@@ -40,11 +40,6 @@ __global__ void grad_from_preact(cuda::Acc<T>* g, int64_t m, int64_t n, const T*
   }
 }
 
-inline void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    fail(ErrorKind::runtime, "linear_act_backward(): ", what, " failed: ", cudaGetErrorString(status));
-}
-
 void run(const KernelCall& call) {
   const char* op = "linear_act_backward";
   const TensorView& grad = call.tensor("grad");
@@ -59,14 +54,14 @@ void run(const KernelCall& call) {
   const cuda::Indexer g_rows = cuda::make_indexer(op, lead, {grad.strides.begin(), grad.strides.end() - 1});
   for (int i = 0; i < 3; ++i) {  // empty sums (no rows, or n == 0) are zeros
     const TensorView& out = call.output(i);
-    if (out.nbytes()) check(cudaMemsetAsync(out.data, 0, out.nbytes(), stream), "cudaMemsetAsync");
+    if (out.nbytes()) cuda::check_cuda(op, cudaMemsetAsync(out.data, 0, out.nbytes(), stream), "cudaMemsetAsync");
   }
   if (m == 0 || n == 0) return;
   cuda::visit_float(x.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     using A = cuda::Acc<T>;
     A* g = nullptr;
-    check(cudaMallocAsync(reinterpret_cast<void**>(&g), sizeof(A) * m * n, stream), "cudaMallocAsync");
+    cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&g), sizeof(A) * m * n, stream), "cudaMallocAsync");
     try {
       const cuda::Indexer x_cols = cuda::make_indexer(op, {k}, {x.stride(-1)});
       const Mat<T> xa{x.data_as<const T>(), x_rows, x_cols};
@@ -100,7 +95,7 @@ void run(const KernelCall& call) {
       cudaFreeAsync(g, stream);
       throw;
     }
-    check(cudaFreeAsync(g, stream), "cudaFreeAsync");
+    cuda::check_cuda(op, cudaFreeAsync(g, stream), "cudaFreeAsync");
   });
 }
 

@@ -131,10 +131,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-inline void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) fail(ErrorKind::runtime, "matmul_q(): ", what, " failed: ", cudaGetErrorString(status));
-}
-
 // The quantized activations, freed on the stream however run() leaves (a failed launch throws).
 struct Workspace {
   void* ptr = nullptr;
@@ -158,7 +154,7 @@ void run(const KernelCall& call) {
   QuantizedX xq{nullptr, nullptr, nullptr};
   const cuda::BlockWalk walk = cuda::block_walk(op, x);
   if (blocks > 0) {  // k == 0 leaves nothing to quantize; the products are empty sums (0)
-    check(cudaMallocAsync(&workspace.ptr, blocks * (quant::kBlock + 8), stream), "cudaMallocAsync");
+    cuda::check_cuda(op, cudaMallocAsync(&workspace.ptr, blocks * (quant::kBlock + 8), stream), "cudaMallocAsync");
     xq.q = static_cast<int32_t*>(workspace.ptr);
     xq.d = reinterpret_cast<float*>(static_cast<char*>(workspace.ptr) + blocks * quant::kBlock);
     xq.sum = reinterpret_cast<int32_t*>(xq.d + blocks);

@@ -73,10 +73,6 @@ __global__ void combine_kernel(T* gw, const cuda::Acc<T>* partial, int64_t n, in
   }
 }
 
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) fail(ErrorKind::runtime, "rms_norm_backward(): ", what, " failed: ", cudaGetErrorString(status));
-}
-
 cuda::Indexer rows_of(const TensorView& t) {
   std::vector<int64_t> outer(t.shape.begin(), t.shape.end() - 1);
   std::vector<int64_t> outer_strides(t.strides.begin(), t.strides.end() - 1);
@@ -84,6 +80,7 @@ cuda::Indexer rows_of(const TensorView& t) {
 }
 
 void run(const KernelCall& call) {
+  const char* op = "rms_norm_backward";
   const TensorView& g = call.tensor("grad");
   const TensorView& x = call.tensor("x");
   const TensorView& w = call.tensor("weight");
@@ -94,7 +91,7 @@ void run(const KernelCall& call) {
   if (n == 0) return;
   const int64_t rows = x.numel() / n;
   if (rows == 0) {  // no rows: grad_weight is an empty sum
-    check(cudaMemsetAsync(gw.data, 0, gw.nbytes(), stream), "cudaMemsetAsync");
+    cuda::check_cuda(op, cudaMemsetAsync(gw.data, 0, gw.nbytes(), stream), "cudaMemsetAsync");
     return;
   }
   const auto g_rows = rows_of(g), x_rows = rows_of(x);
@@ -106,8 +103,8 @@ void run(const KernelCall& call) {
     } else {
       using A = cuda::Acc<T>;
       A* workspace = nullptr;
-      check(cudaMallocAsync(reinterpret_cast<void**>(&workspace), sizeof(A) * (rows + chunks * n), stream),
-            "cudaMallocAsync");
+      const size_t bytes = sizeof(A) * (rows + chunks * n);
+      cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), bytes, stream), "cudaMallocAsync");
       A* inv = workspace;
       A* partial = workspace + rows;
       const unsigned row_blocks = static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16);
@@ -118,7 +115,8 @@ void run(const KernelCall& call) {
       partial_kernel<T><<<grid, kThreads, 0, stream>>>(partial, inv, g.data_as<const T>(), g_rows, g.stride(-1),
                                                        x.data_as<const T>(), x_rows, x.stride(-1), rows, n, chunks);
       combine_kernel<T><<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(gw.data_as<T>(), partial, n, chunks);
-      check(cudaFreeAsync(workspace, stream), "cudaFreeAsync");  // first, so a failed launch leaks nothing
+      // First, so a failed launch leaks nothing.
+      cuda::check_cuda(op, cudaFreeAsync(workspace, stream), "cudaFreeAsync");
       cuda::check_launch("rms_norm_backward");
     }
   });

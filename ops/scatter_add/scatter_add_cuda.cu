@@ -57,14 +57,14 @@ void run(const KernelCall& call) {
   int end_bit = 1;
   while (end_bit < 63 && (int64_t{1} << end_bit) < dim_size) ++end_bit;
   size_t sort_bytes = 0;
-  scatter_cuda::check(op, cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const Key*>(nullptr),
-                                                          static_cast<Key*>(nullptr), static_cast<const int64_t*>(nullptr),
-                                                          static_cast<int64_t*>(nullptr), n, 0, end_bit, stream),
-                      "cub::DeviceRadixSort sizing");
+  cuda::check_cuda(op, cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const Key*>(nullptr),
+                                                       static_cast<Key*>(nullptr), static_cast<const int64_t*>(nullptr),
+                                                       static_cast<int64_t*>(nullptr), n, 0, end_bit, stream),
+                   "cub::DeviceRadixSort sizing");
   const size_t words = 4 * n + (dim_size + 1) + 1;
   char* workspace = nullptr;
-  scatter_cuda::check(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), words * 8 + sort_bytes, stream),
-                      "cudaMallocAsync");
+  cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), words * 8 + sort_bytes, stream),
+                   "cudaMallocAsync");
   Key* keys = reinterpret_cast<Key*>(workspace);
   Key* sorted = keys + n;
   int64_t* positions = reinterpret_cast<int64_t*>(sorted + n);
@@ -78,9 +78,9 @@ void run(const KernelCall& call) {
     if (n > 0) {
       iota_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(positions, n);
       cuda::check_launch(op);  // before cub, which would report this launch's error as its own
-      scatter_cuda::check(op, cub::DeviceRadixSort::SortPairs(sort_storage, sort_bytes, keys, sorted, positions, order,
-                                                              n, 0, end_bit, stream),
-                          "cub::DeviceRadixSort::SortPairs");
+      cuda::check_cuda(op, cub::DeviceRadixSort::SortPairs(sort_storage, sort_bytes, keys, sorted, positions, order,
+                                                           n, 0, end_bit, stream),
+                       "cub::DeviceRadixSort::SortPairs");
     }
     start_kernel<<<cuda::blocks_for(dim_size + 1, kThreads), kThreads, 0, stream>>>(start, sorted, n, dim_size);
     cuda::check_launch(op);
@@ -99,7 +99,7 @@ void run(const KernelCall& call) {
     cudaFreeAsync(workspace, stream);
     throw;
   }
-  scatter_cuda::check(op, cudaFreeAsync(workspace, stream), "cudaFreeAsync");
+  cuda::check_cuda(op, cudaFreeAsync(workspace, stream), "cudaFreeAsync");
 }
 
 OPFORGE_KERNEL(scatter_add, "cuda", float_dtypes(), run);

@@ -26,10 +26,6 @@ __global__ void read_kernel(unsigned long long* keys, unsigned long long* first_
   }
 }
 
-inline void check(const char* op, cudaError_t status, const char* what) {
-  if (status != cudaSuccess) fail(ErrorKind::runtime, op, "(): ", what, " failed: ", cudaGetErrorString(status));
-}
-
 // Fills keys[0, n) (device memory) from call's 'index'; scratch is one device word. Returns
 // (position, value) of the first value outside [0, limit), after waiting for the stream.
 inline std::optional<std::pair<int64_t, int64_t>> read_index(const KernelCall& call, unsigned long long* keys,
@@ -39,7 +35,7 @@ inline std::optional<std::pair<int64_t, int64_t>> read_index(const KernelCall& c
   const int64_t n = index.shape[0];
   if (n == 0) return std::nullopt;
   cudaStream_t stream = cuda::stream_of(call);
-  check(op, cudaMemsetAsync(scratch, 0xff, sizeof(unsigned long long), stream), "cudaMemsetAsync");
+  cuda::check_cuda(op, cudaMemsetAsync(scratch, 0xff, sizeof(unsigned long long), stream), "cudaMemsetAsync");
   if (index.dtype == DType::int32)
     read_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(keys, scratch, index.data_as<const int32_t>(),
                                                                        index.strides[0], n, limit);
@@ -48,13 +44,14 @@ inline std::optional<std::pair<int64_t, int64_t>> read_index(const KernelCall& c
                                                                        index.strides[0], n, limit);
   cuda::check_launch(op);
   unsigned long long bad = kNone, value = 0;
-  check(op, cudaMemcpyAsync(&bad, scratch, sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-  check(op, cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  cuda::check_cuda(op, cudaMemcpyAsync(&bad, scratch, sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+  cuda::check_cuda(op, cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   if (bad == kNone) return std::nullopt;
   // On the caller's stream, not cudaMemcpy's legacy default stream (which would also wait for
   // every other blocking stream of the device).
-  check(op, cudaMemcpyAsync(&value, keys + bad, sizeof value, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-  check(op, cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  cuda::check_cuda(op, cudaMemcpyAsync(&value, keys + bad, sizeof value, cudaMemcpyDeviceToHost, stream),
+                   "cudaMemcpyAsync");
+  cuda::check_cuda(op, cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   return std::pair<int64_t, int64_t>{static_cast<int64_t>(bad), static_cast<int64_t>(value)};
 }
 

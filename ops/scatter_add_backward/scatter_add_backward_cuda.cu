@@ -26,7 +26,7 @@ void run(const KernelCall& call) {
   cudaStream_t stream = cuda::stream_of(call);
   const auto s = scatter_cuda::slice_indexers(op, grad, dim);
   unsigned long long* keys = nullptr;
-  scatter_cuda::check(op, cudaMallocAsync(reinterpret_cast<void**>(&keys), 8 * (n + 1), stream), "cudaMallocAsync");
+  cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&keys), 8 * (n + 1), stream), "cudaMallocAsync");
   try {
     if (const auto bad = scatter_cuda::read_index(call, keys, keys + n, grad.shape[dim]))
       scatter::fail_index(call, "grad.shape[dim]", grad.shape[dim], bad->second, bad->first);
@@ -41,7 +41,7 @@ void run(const KernelCall& call) {
     cudaFreeAsync(keys, stream);
     throw;
   }
-  scatter_cuda::check(op, cudaFreeAsync(keys, stream), "cudaFreeAsync");
+  cuda::check_cuda(op, cudaFreeAsync(keys, stream), "cudaFreeAsync");
 }
 
 OPFORGE_KERNEL(scatter_add_backward, "cuda", float_dtypes(), run);

@@ -68,6 +68,11 @@ inline Indexer make_indexer(const char* op, const std::vector<int64_t>& shape, c
   return ix;
 }
 
+// A CUDA runtime call's status as opforge's runtime error naming the op and the call.
+inline void check_cuda(const char* op, cudaError_t status, const char* what) {
+  if (status != cudaSuccess) fail(ErrorKind::runtime, op, "(): ", what, " failed: ", cudaGetErrorString(status));
+}
+
 inline void check_launch(const char* op) {
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) fail(ErrorKind::runtime, op, "(): CUDA launch failed: ", cudaGetErrorString(status));

@@ -118,10 +118,6 @@ inline int64_t sum_chunk_count(int64_t m, int64_t r) {
   return std::max<int64_t>(1, std::min(by_threads, r / kSumMinChunk));
 }
 
-inline void check_cuda(const char* op, cudaError_t status, const char* what) {
-  if (status != cudaSuccess) fail(ErrorKind::runtime, op, "(): ", what, " failed: ", cudaGetErrorString(status));
-}
-
 // out[o] = sum of terms(o, i) for o < m, i < r, on `stream` (m > 0). `inner_kept`: the output
 // runs along grad's innermost dimension (see the top of this file).
 template <typename T, class Terms>
