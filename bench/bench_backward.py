@@ -117,9 +117,6 @@ def trainable_ops():
 
 
 def run(ops, sizes, repeats, compile_torch, threads, rounds=1):
-    import jax
-    import torch
-
     import opforge
 
     opforge.set_num_threads(threads)
@@ -131,10 +128,7 @@ def run(ops, sizes, repeats, compile_torch, threads, rounds=1):
         positions, backward_name = differentiable_positions(name)
         for size in sizes:
             r, c = SIZES[size]
-            arrays, attrs = ref.sample(rng, rows=r, cols=c)
-            arrays = [a.astype(np.float32) if a.dtype == np.float64 else a for a in arrays]
-            t_args = [torch.from_numpy(a) for a in arrays]
-            j_args = [jax.device_put(a) for a in arrays]
+            arrays, attrs, t_args, j_args = common.sample_inputs(ref, rng, r, c)
             out = getattr(opforge.torch, name)(*t_args, **attrs)
             nbytes = step_bytes(name, backward_name, t_args, out, positions)
             flops = 3 * ref.flops(arrays) if hasattr(ref, "flops") else None  # forward + both products of backward

@@ -47,9 +47,6 @@ def implementations(name, size, ref, attrs, compile_torch):
 def run(ops, sizes, repeats, compile_torch, threads, rounds=1):
     """The sweep (common.sweep): per op, size and implementation the median over rounds of each
     round's median."""
-    import jax
-    import torch
-
     import opforge
 
     opforge.set_num_threads(threads)
@@ -60,11 +57,7 @@ def run(ops, sizes, repeats, compile_torch, threads, rounds=1):
         ref = importlib.import_module(f"opforge.references.{name}")
         for size in sizes:
             r, c = SIZES[size]
-            arrays, attrs = ref.sample(rng, rows=r, cols=c)
-            # Float data in float32; integer inputs (indices, ggml blocks) keep their type.
-            arrays = [a.astype(np.float32) if a.dtype == np.float64 else a for a in arrays]
-            t_args = [torch.from_numpy(a) for a in arrays]
-            j_args = [jax.device_put(a) for a in arrays]
+            arrays, attrs, t_args, j_args = common.sample_inputs(ref, rng, r, c)
             out = getattr(opforge, name)(*t_args, **attrs)
             nbytes = sum(a.numel() * a.element_size() for a in t_args) + out.numel() * out.element_size()
             flops = ref.flops(arrays) if hasattr(ref, "flops") else None

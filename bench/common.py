@@ -71,6 +71,18 @@ def compile_per_case(fn, tag: str):
     return torch.compile(own, dynamic=False)
 
 
+def sample_inputs(ref, rng, rows: int, cols: int):
+    """An op's reference sample at rows x cols as (NumPy arrays, attrs, torch tensors, JAX arrays):
+    float data in float32; integer inputs (indices, ggml blocks) keep their type."""
+    import jax
+    import numpy as np
+    import torch
+
+    arrays, attrs = ref.sample(rng, rows=rows, cols=cols)
+    arrays = [a.astype(np.float32) if a.dtype == np.float64 else a for a in arrays]
+    return arrays, attrs, [torch.from_numpy(a) for a in arrays], [jax.device_put(a) for a in arrays]
+
+
 def sweep(cases, threads: int, repeats: int, rounds: int):
     """Times every implementation of every case, the whole sweep `rounds` times (STREAM and the
     matmul peak measured again each round). A case is (op, size, rows, cols, bytes, flops or
