@@ -284,6 +284,7 @@ OP(g_unknown_arg, "g_unknown_arg(Tensor x) -> Tensor", .backward("g_bwd", {"x"})
 OP(g_no_bwd, "g_no_bwd(Tensor x) -> Tensor", .backward("g_nowhere", {"x"}))
 OP(g_named_x, "g_named_x(Tensor x) -> Tensor", .backward("g_bwd", {"x"}).saving_forward("g_save", {"x"}))
 OP(g_two, "g_two(Tensor x) -> (Tensor, Tensor)", .backward("g_bwd", {"x"}).saving_forward("g_save", {"z"}))
+OP(g_empty, "g_empty(Tensor x) -> Tensor", .backward("g_bwd", {"x"}).saving_forward("g_save", {}))
 """
 
 
@@ -305,6 +306,7 @@ def test_bad_gradient_declarations_fail_the_import(tmp_path):
         "op 'g_no_bwd': backward op 'g_nowhere' is not registered",
         "op 'g_named_x': g_named_x(): saved result 'x' is named like 'grad', 'result' or an argument",
         "op 'g_two': saving forward 'g_save': only an op with one result can have one",
+        "op 'g_empty': g_empty(): saving_forward('g_save') names no saved results",
     ]:
         assert message in out.stderr, f"{message!r} not in:\n{out.stderr[-4000:]}"
     for fine in ("'g_bwd'", "'g_save'", "'g_bwd_like'", "'g_strict_bwd'"):
