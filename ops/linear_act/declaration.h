@@ -1,13 +1,27 @@
-// What the shape rules of linear_act, linear_act_with_preact and linear_act_backward share:
-// the argument checks and the result shape x.shape[:-1] + [n].
+// What the declarations of linear_act, linear_act_with_preact and linear_act_backward share:
+// the operands' dtype and rank rules, the argument checks and the result shape x.shape[:-1] + [n].
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "opforge/registry.h"
 
 namespace opforge::linear_act {
+
+// x (a float dtype; rank >= 1), weight [n, k] and bias [n] in x's dtype: linear_act's operands,
+// declared once so its saving forward validates exactly as it does.
+inline OpDef forward_operands(std::string_view schema) {
+  return OpDef(schema)
+      .dtypes("x", float_dtypes())
+      .same_dtype("weight", "x")
+      .same_dtype("bias", "x")
+      .rank("x", 1)
+      .rank("weight", 2, 2)
+      .rank("bias", 1, 1)
+      .maps_over_leading_dims({"x"});
+}
 
 // Checks act, weight [n, k] against x [..., k] and bias [n]; returns x.shape[:-1] + [n].
 inline std::vector<int64_t> checked_result_shape(const ShapeContext& c) {

@@ -3,7 +3,8 @@
 #include "ops/linear_act/declaration.h"
 
 OPFORGE_OP(linear_act) {
-  return opforge::OpDef("linear_act(Tensor x, Tensor weight, Tensor? bias=None, str act='none') -> Tensor")
+  return opforge::linear_act::forward_operands(
+             "linear_act(Tensor x, Tensor weight, Tensor? bias=None, str act='none') -> Tensor")
       .doc("act(x @ weight^T + bias) for x [..., k], weight [n, k] and an optional bias [n] (the layout of "
            "torch.nn.functional.linear); result [..., n]. act: 'none', 'relu', 'gelu' (exact erf form), "
            "'gelu_tanh' (tanh approximation) or 'silu'. The CPU kernel is a blocked SIMD matrix product "
@@ -11,15 +12,8 @@ OPFORGE_OP(linear_act) {
            "types are computed in float32; results do not depend on the thread count. When a gradient will "
            "be needed, adapters run linear_act_with_preact instead, so the backward need not recompute "
            "the product.")
-      .dtypes("x", opforge::float_dtypes())
-      .same_dtype("weight", "x")
-      .same_dtype("bias", "x")
-      .rank("x", 1)
-      .rank("weight", 2, 2)
-      .rank("bias", 1, 1)
       .backward("linear_act_backward", {"x", "weight", "bias"})
       .saving_forward("linear_act_with_preact", {"preact"})
-      .maps_over_leading_dims({"x"})
       .shape([](const opforge::ShapeContext& c) {
         return opforge::Outputs{{c.tensor("x").dtype, opforge::linear_act::checked_result_shape(c)}};
       });
