@@ -86,6 +86,13 @@ OpDef& OpDef::saving_forward(std::string_view saving_op, std::vector<std::string
   return *this;
 }
 
+OpDef& OpDef::identity_gradient(std::vector<std::string> inputs) {
+  for (const auto& arg : inputs) constraint_for(arg);  // validates the names
+  if (inputs.empty()) fail(ErrorKind::value, name(), "(): identity_gradient() names no inputs");
+  identity_inputs_ = std::move(inputs);
+  return *this;
+}
+
 OpDef& OpDef::maps_over_leading_dims(std::vector<std::string> args) {
   for (const auto& arg : args) constraint_for(arg);
   leading_dim_args_ = std::move(args);

@@ -98,7 +98,12 @@ static void check_saving_unlocked(const OpDef& op, const OpDef* bwd, std::vector
 static void check_backward_unlocked(const OpDef& op, std::vector<std::string>& errors) {
   const OpDef* bwd = op.backward_op().empty() ? nullptr : lookup_op_unlocked(op.backward_op());
   if (!op.saving_op().empty()) check_saving_unlocked(op, bwd, errors);
-  if (op.backward_op().empty()) return;
+  if (op.backward_op().empty()) {
+    if (!op.identity_inputs().empty())
+      errors.push_back(str("op '", op.name(), "': an identity gradient is declared without a backward op ",
+                           "(which computes the gradients where an input broadcasts)"));
+    return;
+  }
   if (!bwd) {
     errors.push_back(str("op '", op.name(), "': backward op '", op.backward_op(), "' is not registered"));
     return;
@@ -110,6 +115,12 @@ static void check_backward_unlocked(const OpDef& op, std::vector<std::string>& e
       errors.push_back(str("op '", op.name(), "': backward op '", bwd->name(), "' takes '", arg.name,
                            "', which is neither 'grad', 'result', an argument of '", op.name(),
                            "' nor a result its saving forward saves"));
+  for (const auto& name : op.identity_inputs())
+    if (std::find(op.differentiable().begin(), op.differentiable().end(), name) == op.differentiable().end())
+      errors.push_back(str("op '", op.name(), "': identity gradient of '", name, "', which its backward op '",
+                           bwd->name(), "' does not differentiate"));
+  if (op.schema().num_results != 1 && !op.identity_inputs().empty())
+    errors.push_back(str("op '", op.name(), "': an identity gradient needs an op with one result"));
   if (bwd->schema().num_results != static_cast<int64_t>(op.differentiable().size()))
     errors.push_back(str("op '", op.name(), "': backward op '", bwd->name(), "' returns ", bwd->schema().num_results,
                          " results for ", op.differentiable().size(), " differentiable inputs"));

@@ -11,6 +11,8 @@
 //   keeping its extra results), then attach a node that calls the declared backward op through
 //   torch's dispatcher, its arguments bound by name ("grad", "result", a saved result's name,
 //   or the forward argument of that name), as python/opforge/torch.py and python/opforge/jax.py do.
+//   Gradients declared as the cotangent itself (OpDef::identity_gradient) are handed through
+//   where the input has the result's shape, and the backward op runs only if another is wanted.
 // Errors that opforge raised below (which the stable ABI turns into plain c10::Error) leave
 // here as c10::TypeError / ValueError / NotImplementedError, so Python sees their real type.
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -60,6 +62,7 @@ struct Plan {
   std::vector<bool> is_tensor;       // per forward argument
   std::vector<bool> differentiable;  // per forward argument
   std::vector<bool> saved;           // per forward argument: the backward op reads it
+  std::vector<bool> identity;        // per forward argument: its gradient is the cotangent where it matches the result
   bool has_backward = false;
   bool saves_result = false;
   std::vector<Source> backward_args;              // per backward schema argument
@@ -114,7 +117,8 @@ auto owning_pointer(N* node) {
 
 class OpforgeBackward final : public torch::autograd::Node {
  public:
-  explicit OpforgeBackward(std::shared_ptr<Plan> plan) : plan_(std::move(plan)), inputs_(plan_->num_args) {}
+  explicit OpforgeBackward(std::shared_ptr<Plan> plan)
+      : plan_(std::move(plan)), inputs_(plan_->num_args), passes_(plan_->num_args, false) {}
 
   std::string name() const override { return "opforge::" + plan_->name + "Backward"; }
 
@@ -130,6 +134,9 @@ class OpforgeBackward final : public torch::autograd::Node {
     }
   }
   void save_result(const at::Tensor& result) { result_ = SavedVariable(result, /*is_output=*/true); }
+  // Forward argument i's gradient is the cotangent itself (OpDef::identity_gradient, and it has
+  // the result's shape and dtype).
+  void pass_through(size_t i) { passes_[i] = true; }
   // The saving forward's extra results: not outputs of this node (nothing differentiates them).
   void save_extra(const at::Tensor& value) { extra_.emplace_back(value, /*is_output=*/false); }
 
@@ -141,6 +148,29 @@ class OpforgeBackward final : public torch::autograd::Node {
                                   "(): backward through an op with several results is not supported yet");
     // An unused result's cotangent arrives undefined; the backward op wants zeros.
     at::Tensor grad = grads[0].defined() ? grads[0] : input_metadata(0).zeros_like();
+    // One gradient per next edge (the forward op's tensor arguments, in order).
+    variable_list out;
+    std::vector<int64_t> edge_of_arg(plan.num_args, -1);
+    bool need_op = false;  // some wanted gradient is not the cotangent
+    for (size_t i = 0; i < plan.num_args; ++i)
+      if (plan.is_tensor[i]) {
+        edge_of_arg[i] = static_cast<int64_t>(out.size());
+        out.emplace_back();
+        if (!task_should_compute_output(static_cast<size_t>(edge_of_arg[i]))) continue;
+        if (passes_[i])
+          out.back() = grad;
+        else if (plan.differentiable[i])
+          need_op = true;
+      }
+    if (need_op) run_backward_op(grad, edge_of_arg, out);
+    return out;
+  }
+
+ private:
+  // The declared backward op through torch's dispatcher; fills the wanted gradients not
+  // already the cotangent.
+  void run_backward_op(const at::Tensor& grad, const std::vector<int64_t>& edge_of_arg, variable_list& out) {
+    const Plan& plan = *plan_;
     std::vector<c10::IValue> forward(plan.num_args);
     for (size_t i = 0; i < plan.num_args; ++i) forward[i] = inputs_[i];
     for (const auto& [i, saved] : tensors_) forward[i] = saved.unpack(owning_pointer<torch::autograd::Node>(this));
@@ -165,19 +195,11 @@ class OpforgeBackward final : public torch::autograd::Node {
     } catch (const std::exception& error) {
       rethrow_typed(error);
     }
-    // One gradient per next edge (the forward op's tensor arguments, in order).
-    variable_list out;
-    std::vector<int64_t> edge_of_arg(plan.num_args, -1);
-    for (size_t i = 0; i < plan.num_args; ++i)
-      if (plan.is_tensor[i]) {
-        edge_of_arg[i] = static_cast<int64_t>(out.size());
-        out.emplace_back();
-      }
     for (size_t r = 0; r < plan.gradient_of.size() && r < stack.size(); ++r) {
-      const int64_t edge = edge_of_arg[plan.gradient_of[r]];
-      if (task_should_compute_output(static_cast<size_t>(edge))) out[edge] = stack[r].toTensor();
+      const size_t i = plan.gradient_of[r];
+      if (!passes_[i] && task_should_compute_output(static_cast<size_t>(edge_of_arg[i])))
+        out[edge_of_arg[i]] = stack[r].toTensor();
     }
-    return out;
   }
 
  protected:
@@ -193,6 +215,7 @@ class OpforgeBackward final : public torch::autograd::Node {
   std::vector<std::pair<size_t, SavedVariable>> tensors_;
   SavedVariable result_;
   std::vector<SavedVariable> extra_;  // the saving forward's extra results, in declaration order
+  std::vector<bool> passes_;          // per forward argument: its gradient is the cotangent
 };
 
 bool any_requires_grad(const Plan& plan, const torch::jit::Stack& stack, size_t start) {
@@ -218,28 +241,46 @@ class AutogradKernel final : public c10::OperatorKernel {
     // (they get no gradient, as in the declaration) or absent (None).
     auto node = make_node<OpforgeBackward>(plan_);
     torch::autograd::edge_list edges;
+    std::vector<size_t> wanted;  // forward arguments whose gradient is wanted
     for (size_t i = 0; i < plan.num_args; ++i) {
       if (!plan.is_tensor[i]) continue;
       const c10::IValue& value = (*stack)[start + i];
-      const bool wanted = plan.differentiable[i] && value.isTensor() && value.toTensor().requires_grad();
-      edges.push_back(wanted ? torch::autograd::impl::gradient_edge(value.toTensor()) : Edge());
+      const bool want = plan.differentiable[i] && value.isTensor() && value.toTensor().requires_grad();
+      edges.push_back(want ? torch::autograd::impl::gradient_edge(value.toTensor()) : Edge());
+      if (want) wanted.push_back(i);
     }
     node->set_next_edges(std::move(edges));
-    node->save_inputs(*stack, start);  // before the call consumes the arguments
+    // The arguments, kept before the call consumes them: what to save depends on the result.
+    const torch::jit::Stack arguments(stack->begin() + static_cast<std::ptrdiff_t>(start), stack->end());
 
     // The saving forward takes the same arguments and returns the op's result first; its other
     // results are kept for the backward op and dropped from the stack.
     redispatch_below_autograd(plan.saving_op ? *plan.saving_op : op, keys, stack);
-    for (size_t s = 0; s < plan.num_saved; ++s)
-      node->save_extra((*stack)[stack->size() - plan.num_saved + s].toTensor());
+    const size_t first_result = stack->size() - plan.num_saved - plan.num_results;
+    const at::Tensor result = (*stack)[first_result].toTensor();
+
+    // Gradients that are the cotangent itself need nothing saved; if all wanted ones are, the
+    // backward op never runs and the node keeps no tensor alive (torch's AddBackward neither).
+    bool need_op = false;
+    for (size_t i : wanted) {
+      const at::Tensor& input = arguments[i].toTensor();
+      if (plan.identity[i] && input.sym_sizes() == result.sym_sizes() && input.scalar_type() == result.scalar_type())
+        node->pass_through(i);
+      else
+        need_op = true;
+    }
+    if (need_op) {
+      node->save_inputs(arguments, 0);
+      for (size_t s = 0; s < plan.num_saved; ++s)
+        node->save_extra((*stack)[stack->size() - plan.num_saved + s].toTensor());
+    }
     stack->resize(stack->size() - plan.num_saved);
 
-    const size_t first_result = stack->size() - plan.num_results;
     for (size_t r = 0; r < plan.num_results; ++r) {
-      at::Tensor result = (*stack)[first_result + r].toTensor();
-      if (!torch::autograd::isDifferentiableType(result.scalar_type())) continue;
-      torch::autograd::set_history(result, node);
-      if (r == 0 && plan.saves_result) node->save_result(result);
+      at::Tensor out = (*stack)[first_result + r].toTensor();
+      if (!torch::autograd::isDifferentiableType(out.scalar_type())) continue;
+      torch::autograd::set_history(out, node);
+      if (r == 0 && plan.saves_result && need_op) node->save_result(out);
     }
   }
 
@@ -258,6 +299,7 @@ std::shared_ptr<Plan> make_plan(const OpDef& op) {
   plan->is_tensor.resize(args.size());
   plan->differentiable.resize(args.size());
   plan->saved.resize(args.size());
+  plan->identity.resize(args.size());
   for (size_t i = 0; i < args.size(); ++i) plan->is_tensor[i] = args[i].is_tensor();
   if (op.backward_op().empty()) return plan;
 
@@ -268,6 +310,7 @@ std::shared_ptr<Plan> make_plan(const OpDef& op) {
     plan->differentiable[i] = true;
     plan->gradient_of.push_back(static_cast<size_t>(i));
   }
+  for (const std::string& name : op.identity_inputs()) plan->identity[op.schema().arg_index(name)] = true;
   plan->backward_op = c10::Dispatcher::singleton().findSchemaOrThrow(("opforge::" + op.backward_op()).c_str(), "");
   const std::vector<std::string>& saved = op.saved();
   if (!op.saving_op().empty()) {

@@ -121,6 +121,11 @@ class OpDef {
   // swapped (torch's Python autograd rules) they arrive as None and the backward op
   // recomputes them.
   OpDef& saving_forward(std::string_view saving_op, std::vector<std::string> saved);
+  // The gradient of each of `inputs` (among the differentiable ones) is the cotangent itself
+  // wherever that input has the result's shape and dtype: add's operands, add_one's x. There
+  // the adapters hand the cotangent through, as torch's own autograd does for x + y, and run
+  // the backward op only for the gradients that still need it (a broadcast operand's sum).
+  OpDef& identity_gradient(std::vector<std::string> inputs);
   // The op works independently on every index of the leading dimensions of `args` (which
   // broadcast against each other), so a batch axis can be one more leading dimension: one
   // call on the batched arrays instead of a loop. Adapters use it for vmap.
@@ -136,6 +141,7 @@ class OpDef {
   const std::vector<std::string>& differentiable() const { return differentiable_; }
   const std::string& saving_op() const { return saving_op_; }
   const std::vector<std::string>& saved() const { return saved_; }
+  const std::vector<std::string>& identity_inputs() const { return identity_inputs_; }
   const std::vector<std::string>& leading_dim_args() const { return leading_dim_args_; }
 
   // Slot of schema argument `arg` among the tensors or among the attributes; -1 if absent.
@@ -156,6 +162,7 @@ class OpDef {
   std::vector<std::string> differentiable_;
   std::string saving_op_;
   std::vector<std::string> saved_;
+  std::vector<std::string> identity_inputs_;
   std::vector<std::string> leading_dim_args_;
 };
 

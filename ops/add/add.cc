@@ -9,6 +9,7 @@ OPFORGE_OP(add) {
                     DType::int64})
       .same_dtype("y", "x")
       .backward("add_backward", {"x", "y"})
+      .identity_gradient({"x", "y"})  // where an operand does not broadcast
       .maps_over_leading_dims({"x", "y"})
       .shape([](const opforge::ShapeContext& c) {
         return opforge::Outputs{{c.tensor("x").dtype, c.broadcast("x", "y")}};

@@ -8,6 +8,7 @@ OPFORGE_OP(add_one) {
       .dtypes("x", {DType::float32, DType::float64, DType::float16, DType::bfloat16, DType::int32,
                     DType::int64})
       .backward("add_one_backward", {"x"})
+      .identity_gradient({"x"})
       .maps_over_leading_dims({"x"})
       .shape([](const opforge::ShapeContext& c) { return opforge::Outputs{c.like("x")}; });
 }

@@ -72,12 +72,14 @@ def _make_function(op: _core.Op):
 
 def ops() -> list[dict]:
     """Every registered op: name, schema, doc, per-argument dtypes, kernels per backend, its
-    backward op and differentiable inputs (or None) and its saving forward (or None)."""
+    backward op and differentiable inputs (or None), its saving forward (or None) and the inputs
+    whose gradient is the cotangent itself where they do not broadcast (identity_gradient)."""
     out = []
     for name in _core.op_names():
         op = _core.op(name)
         out.append({"name": name, "schema": op.schema, "doc": op.doc, "args": op.args,
-                    "kernels": op.kernels, "backward": op.backward, "saving_forward": op.saving_forward})
+                    "kernels": op.kernels, "backward": op.backward, "saving_forward": op.saving_forward,
+                    "identity_gradient": op.identity_gradient})
     return out
 
 

@@ -159,6 +159,7 @@ def _differentiable(name: str, names: tuple[str, ...], attr_items: tuple):
     # arguments, the op's result first, then what the backward op takes by those names.
     saving = _primitive(op.core.saving_forward[0], names, attr_items) if op.core.saving_forward else None
     saved_names = op.core.saving_forward[1] if saving else []
+    identity = set(op.core.identity_gradient)
 
     @jax.custom_vjp
     def f(*present):
@@ -173,11 +174,17 @@ def _differentiable(name: str, names: tuple[str, ...], attr_items: tuple):
 
     def bwd(residuals, grad):
         present, out, saved = residuals
-        values = {**attrs, **dict(zip(names, present)), **dict(zip(saved_names, saved)), "grad": grad, "result": out}
-        args = {a["name"]: values.get(a["name"]) for a in backward.args}
-        grads = apply(backward_name, **args)
-        grads = grads if isinstance(grads, (tuple, list)) else (grads,)
-        by_name = dict(zip(differentiable, grads))
+        # Gradients that are the cotangent itself (OpDef::identity_gradient): the input matches
+        # the result. The backward op runs only if another gradient is needed.
+        by_name = {n: grad for n, t in zip(names, present)
+                   if n in identity and t.shape == out.shape and t.dtype == out.dtype}
+        if set(differentiable) & set(names) - set(by_name):
+            values = {**attrs, **dict(zip(names, present)), **dict(zip(saved_names, saved)),
+                      "grad": grad, "result": out}
+            args = {a["name"]: values.get(a["name"]) for a in backward.args}
+            grads = apply(backward_name, **args)
+            grads = grads if isinstance(grads, (tuple, list)) else (grads,)
+            by_name = {**dict(zip(differentiable, grads)), **by_name}
         return tuple(by_name[n] if n in by_name else _zero_cotangent(t) for n, t in zip(names, present))
 
     f.defvjp(fwd, bwd)

@@ -135,6 +135,7 @@ class _Op:
         # held that long shows up in nanobind's leak report at exit.
         core = _core.op(name)
         self.args, self.backward, self.num_results = core.args, core.backward, core.num_results
+        self.identity_gradient = set(core.identity_gradient)
         self.schema, self.doc = core.schema, core.doc
         self.tensor_names = [a["name"] for a in self.args if a["kind"].startswith("Tensor")]
         self.attr_names = [a["name"] for a in self.args if not a["kind"].startswith("Tensor")]
@@ -252,16 +253,24 @@ def _autograd_rules(op: _Op):
     def setup_context(ctx, inputs, output):
         values = op.bind(inputs, {})
         values["result"] = output
-        ctx.save_for_backward(*(values[n] for n in saved))
         ctx.attrs = {n: values[n] for n in op.attr_names}
         ctx.absent = {n for n in op.tensor_names if values[n] is None}  # torch wants None grads for them
+        # Gradients that are the cotangent itself (OpDef::identity_gradient): the input matches
+        # the result. If every gradient is, the backward op never runs: nothing to keep alive.
+        ctx.passes = {n for n in op.identity_gradient
+                      if values[n] is not None and values[n].shape == output.shape and values[n].dtype == output.dtype}
+        if not set(differentiable) - ctx.absent <= ctx.passes:
+            ctx.save_for_backward(*(values[n] for n in saved))
 
     def backward(ctx, *grads):
         if len(grads) != 1:
             raise NotImplementedError(f"{op.name}(): backward through an op with several results is not supported yet")
-        values = {**bwd.defaults, **ctx.attrs, **dict(zip(saved, ctx.saved_tensors)), "grad": grads[0]}
-        result = bwd.overload(*(values[a["name"]] for a in bwd.args))
-        by_name = dict(zip(differentiable, result if isinstance(result, tuple) else (result,)))
+        wanted = {a["name"] for a, needed in zip(op.args, ctx.needs_input_grad) if needed}
+        by_name = {n: grads[0] for n in ctx.passes}
+        if (wanted & set(differentiable)) - ctx.passes:
+            values = {**bwd.defaults, **ctx.attrs, **dict(zip(saved, ctx.saved_tensors)), "grad": grads[0]}
+            result = bwd.overload(*(values[a["name"]] for a in bwd.args))
+            by_name = {**dict(zip(differentiable, result if isinstance(result, tuple) else (result,))), **by_name}
         return tuple(None if a["name"] in ctx.absent else by_name.get(a["name"]) for a in op.args)
 
     return setup_context, backward

@@ -266,8 +266,8 @@ print('ok')
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-4000:]
 
 
-# Ops whose backward or saving forward declarations are wrong, one mistake each (no kernels:
-# the checks are on declarations). OP(name, schema, extra declaration calls).
+# Ops whose backward, saving forward or identity gradient declarations are wrong, one mistake
+# each (no kernels: the checks are on declarations). OP(name, schema, extra declaration calls).
 BAD_GRADIENTS = """#include "opforge/registry.h"
 #define OP(NAME, SCHEMA, ...) OPFORGE_OP(NAME) { return opforge::OpDef(SCHEMA) __VA_ARGS__ \\
     .shape([](const opforge::ShapeContext& c) { return opforge::Outputs(c.op().schema().num_results, c.like("x")); }); }
@@ -285,6 +285,10 @@ OP(g_no_bwd, "g_no_bwd(Tensor x) -> Tensor", .backward("g_nowhere", {"x"}))
 OP(g_named_x, "g_named_x(Tensor x) -> Tensor", .backward("g_bwd", {"x"}).saving_forward("g_save", {"x"}))
 OP(g_two, "g_two(Tensor x) -> (Tensor, Tensor)", .backward("g_bwd", {"x"}).saving_forward("g_save", {"z"}))
 OP(g_empty, "g_empty(Tensor x) -> Tensor", .backward("g_bwd", {"x"}).saving_forward("g_save", {}))
+OP(g_id_nondiff, "g_id_nondiff(Tensor x, Tensor y) -> Tensor", .backward("g_bwd", {"x"}).identity_gradient({"y"}))
+OP(g_id_no_bwd, "g_id_no_bwd(Tensor x) -> Tensor", .identity_gradient({"x"}))
+OP(g_id_two, "g_id_two(Tensor x) -> (Tensor, Tensor)", .backward("g_bwd", {"x"}).identity_gradient({"x"}))
+OP(g_id_empty, "g_id_empty(Tensor x) -> Tensor", .backward("g_bwd", {"x"}).identity_gradient({}))
 """
 
 
@@ -307,6 +311,10 @@ def test_bad_gradient_declarations_fail_the_import(tmp_path):
         "op 'g_named_x': g_named_x(): saved result 'x' is named like 'grad', 'result' or an argument",
         "op 'g_two': saving forward 'g_save': only an op with one result can have one",
         "op 'g_empty': g_empty(): saving_forward('g_save') names no saved results",
+        "op 'g_id_nondiff': identity gradient of 'y', which its backward op 'g_bwd' does not differentiate",
+        "op 'g_id_no_bwd': an identity gradient is declared without a backward op",
+        "op 'g_id_two': an identity gradient needs an op with one result",
+        "op 'g_id_empty': g_id_empty(): identity_gradient() names no inputs",
     ]:
         assert message in out.stderr, f"{message!r} not in:\n{out.stderr[-4000:]}"
     for fine in ("'g_bwd'", "'g_save'", "'g_bwd_like'", "'g_strict_bwd'"):
