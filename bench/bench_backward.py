@@ -14,7 +14,8 @@ Sizes and dtype as bench_ops.py (float32; large = 4096x4096 per input, l2 = 64x1
 traffic of a step is counted once for every implementation, as opforge's two ops move it:
 forward (inputs + result) plus backward op (its tensor arguments: cotangent, saved inputs or
 result; and the gradients it writes; not a saving forward's extra results: only linear_act
-has one, and it is measured in flops); GB/s and % of the STREAM bandwidth measured in the same
+has one, and it is measured in flops; nothing where the gradients are the cotangent itself,
+add_one's: torch's autograd runs no kernel there either); GB/s and % of the STREAM bandwidth measured in the same
 run follow from it. linear_act is compute-bound: 3 products (2 m n k flops each), in GFLOP/s
 and % of torch's float32 mm rate. Speedups are their time / ours (> 1: opforge faster). Writes
 bench/results/backward_cpu.csv and backward_cpu.png.
@@ -43,11 +44,16 @@ def differentiable_positions(name):
 
 def step_bytes(name, backward_name, t_args, out, diff):
     """Bytes a step moves as opforge computes it: forward inputs and result, then the backward
-    op's tensor arguments (bound by name as opforge's autograd binds them) and its results."""
+    op's tensor arguments (bound by name as opforge's autograd binds them) and its results;
+    no backward traffic where every gradient is the cotangent itself (identity_gradient)."""
     import opforge
 
     nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
     forward = sum(nbytes(t) for t in t_args) + nbytes(out)
+    tensor_names = [a["name"] for a in opforge._core.op(name).args if a["kind"].startswith("Tensor")]
+    identity = set(opforge._core.op(name).identity_gradient)
+    if all(tensor_names[i] in identity and t_args[i].shape == out.shape for i in diff):
+        return forward
     named = dict(zip((a["name"] for a in opforge._core.op(name).args), t_args))
     named["grad"] = named["result"] = out
     backward = sum(nbytes(named[a["name"]]) for a in opforge._core.op(backward_name).args if a["name"] in named)

@@ -11,7 +11,7 @@ import torch
 
 import opforge
 from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, assert_result, cases, random, strided,
-                             to_float64, to_framework)
+                             to_float64, to_framework, torch_ops_dispatched)
 
 ACTS = ["none", "relu", "gelu", "gelu_tanh", "silu"]
 COMPUTE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-24, "bfloat16": 2.0**-24}
@@ -88,23 +88,6 @@ def test_declared_as_linear_act_saving_forward():
     assert opforge._core.op("linear_act_with_preact").leading_dim_args == ["x"]
 
 
-def ops_dispatched(fn):
-    """Names of the opforge ops that reach torch's Python dispatch key (below autograd) in fn()."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    seen = []
-
-    class Log(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.namespace == "opforge":
-                seen.append(func._opname)
-            return func(*args, **(kwargs or {}))
-
-    with Log():
-        fn()
-    return seen
-
-
 def test_torch_autograd_saves_the_preactivation(rng):
     """With a gradient needed, torch's autograd kernel runs linear_act_with_preact and hands z to
     the backward op (no product recomputed); without, plain linear_act. Gradients match torch's."""
@@ -112,8 +95,9 @@ def test_torch_autograd_saves_the_preactivation(rng):
     from opforge.references import linear_act as reference
 
     x, w, b = (t.requires_grad_() for t in arrays(rng, 6, 9, 5, "torch", "float64", lead=(2,)))
-    assert ops_dispatched(lambda: ot.linear_act(x.detach(), w.detach(), b.detach(), act="gelu")) == ["linear_act"]
-    seen = ops_dispatched(lambda: ot.linear_act(x, w, b, act="gelu").sin().sum().backward())
+    plain = torch_ops_dispatched(lambda: ot.linear_act(x.detach(), w.detach(), b.detach(), act="gelu"))
+    assert plain == ["linear_act"]
+    seen = torch_ops_dispatched(lambda: ot.linear_act(x, w, b, act="gelu").sin().sum().backward())
     assert seen == ["linear_act_with_preact", "linear_act_backward"], seen
     ours = [t.grad.clone() for t in (x, w, b)]
     for t in (x, w, b):

@@ -1,6 +1,7 @@
 """Test helpers for op tests, opforge's own and a kernel author's (an op built as a plugin or
 outside a checkout): float64 NumPy data into any framework and dtype and back, per-dtype
-tolerances, non-contiguous views, an op's reference module, and the pytest fixtures `rng`
+tolerances, non-contiguous views, an op's reference module, which opforge ops a torch call
+really ran (torch_ops_dispatched), and the pytest fixtures `rng`
 (fresh seed per test, replayed by OPFORGE_TEST_SEED=<seed>) and `simd_target` (the test once
 per SIMD target the CPU runs). Import the fixtures into a test module to use them there:
 `from opforge.testing import rng, simd_target`. Needs pytest and torch; importing it turns on
@@ -186,6 +187,26 @@ def reference(name: str, near: str | Path | None = None):
     if importlib.util.find_spec(f"opforge.references.{name}") is not None:
         return importlib.import_module(f"opforge.references.{name}")
     raise ImportError(f"no reference for {name}: no {name}/reference.py beside {near}, none installed")
+
+
+def torch_ops_dispatched(fn) -> list[str]:
+    """Runs fn() and returns the names of the opforge ops it sent through torch's dispatcher
+    below autograd, in order: what a forward or backward really ran (a saving forward in place
+    of its op, a backward op or none)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "opforge":
+                seen.append(func._opname)
+            return func(*args, **(kwargs or {}))
+
+    with Log():
+        fn()
+    return seen
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import torch
 import opforge
 import opforge.torch as ot
 from op_samples import CORE, OPS, sample
+from opforge.testing import torch_ops_dispatched
 
 IDENTITY = [n for n in OPS if CORE[n].identity_gradient]
 
@@ -48,23 +49,6 @@ def test_the_declaration_holds(name, dtype, rng):
             assert torch.equal(g, grad), n
 
 
-def dispatched(fn):
-    """Names of the opforge ops reaching torch's Python dispatch key (below autograd) in fn()."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    seen = []
-
-    class Log(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.namespace == "opforge":
-                seen.append(func._opname)
-            return func(*args, **(kwargs or {}))
-
-    with Log():
-        fn()
-    return seen
-
-
 def leaves(rng, *shapes):
     return [torch.from_numpy(rng.standard_normal(s)).requires_grad_() for s in shapes]
 
@@ -73,10 +57,10 @@ def test_torch_same_shape_add_passes_the_cotangent(rng):
     x, y = leaves(rng, (6, 9), (6, 9))
     g = torch.from_numpy(rng.standard_normal((6, 9)))
     grads = []
-    assert dispatched(lambda: grads.extend(torch.autograd.grad(ot.add(x, y), [x, y], g))) == ["add"]
+    assert torch_ops_dispatched(lambda: grads.extend(torch.autograd.grad(ot.add(x, y), [x, y], g))) == ["add"]
     for got in grads:
         torch.testing.assert_close(got, g, rtol=0, atol=0)
-    assert dispatched(lambda: ot.add_one(x).backward(g)) == ["add_one"]
+    assert torch_ops_dispatched(lambda: ot.add_one(x).backward(g)) == ["add_one"]
     torch.testing.assert_close(x.grad, g, rtol=0, atol=0)
 
 
@@ -84,16 +68,16 @@ def test_torch_broadcast_operand_still_runs_the_backward_op(rng):
     x, b = leaves(rng, (6, 9), (9,))
     g = torch.from_numpy(rng.standard_normal((6, 9)))
     grads = []
-    assert dispatched(lambda: grads.extend(torch.autograd.grad(ot.add(x, b), [x, b], g))) == ["add", "add_backward"]
+    assert torch_ops_dispatched(lambda: grads.extend(torch.autograd.grad(ot.add(x, b), [x, b], g))) == ["add", "add_backward"]
     torch.testing.assert_close(grads[0], g, rtol=0, atol=0)
     torch.testing.assert_close(grads[1], g.sum(0), rtol=1e-12, atol=1e-12)
     # Only the same-shape operand wanted: no backward op, though the other broadcasts.
     xd = x.detach().requires_grad_()
     gx = []
-    assert dispatched(lambda: gx.extend(torch.autograd.grad(ot.add(xd, b.detach()), [xd], g))) == ["add"]
+    assert torch_ops_dispatched(lambda: gx.extend(torch.autograd.grad(ot.add(xd, b.detach()), [xd], g))) == ["add"]
     torch.testing.assert_close(gx[0], g, rtol=0, atol=0)
     # Only the broadcast operand wanted (x has no gradient): the backward op runs.
-    assert dispatched(lambda: torch.autograd.grad(ot.add(x.detach(), b), [b], g)) == ["add", "add_backward"]
+    assert torch_ops_dispatched(lambda: torch.autograd.grad(ot.add(x.detach(), b), [b], g)) == ["add", "add_backward"]
 
 
 def test_torch_node_keeps_no_input_alive_when_every_gradient_passes(rng):
@@ -129,29 +113,17 @@ def test_python_autograd_rules_pass_the_cotangent_too():
     """OPFORGE_TORCH_NATIVE=0 (the rules registered in Python): same choices, same gradients."""
     code = """
 import torch, opforge.torch as ot
-from torch.utils._python_dispatch import TorchDispatchMode
+from opforge.testing import torch_ops_dispatched as dispatched
 assert not ot.NATIVE_AUTOGRAD
-seen = []
-class Log(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "opforge":
-            seen.append(func._opname)
-        return func(*args, **(kwargs or {}))
 x, y, b = (torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in ((4, 5), (4, 5), (5,)))
 g = torch.randn(4, 5, dtype=torch.float64)
-with Log():
-    gx, gy = torch.autograd.grad(ot.add(x, y), [x, y], g)
-assert seen == ["add"], seen
-assert torch.equal(gx, g) and torch.equal(gy, g)
-seen.clear()
-with Log():
-    gx, gb = torch.autograd.grad(ot.add(x, b), [x, b], g)
-assert seen == ["add", "add_backward"], seen
-assert torch.equal(gx, g) and torch.allclose(gb, g.sum(0), rtol=1e-12, atol=1e-12)
-seen.clear()
-with Log():
-    (gx,) = torch.autograd.grad(ot.add(x, b.detach()), [x], g)
-assert seen == ["add"], seen
+grads = []
+assert dispatched(lambda: grads.extend(torch.autograd.grad(ot.add(x, y), [x, y], g))) == ["add"]
+assert torch.equal(grads[0], g) and torch.equal(grads[1], g)
+grads.clear()
+assert dispatched(lambda: grads.extend(torch.autograd.grad(ot.add(x, b), [x, b], g))) == ["add", "add_backward"]
+assert torch.equal(grads[0], g) and torch.allclose(grads[1], g.sum(0), rtol=1e-12, atol=1e-12)
+assert dispatched(lambda: torch.autograd.grad(ot.add(x, b.detach()), [x], g)) == ["add"]
 assert torch.autograd.gradcheck(lambda a, c: ot.add(a, c), (x, b))
 print("ok")
 """
