@@ -28,13 +28,33 @@ std::string python_str(nb::handle obj) { return nb::cast<std::string>(nb::str(ob
 AttrValue attr_from_python(const OpDef& op, const ArgSpec& arg, nb::handle value) {
   const bool is_bool = PyBool_Check(value.ptr());
   switch (arg.kind) {
-    case ArgKind::float_:
-      if (is_bool || !(PyFloat_Check(value.ptr()) || PyLong_Check(value.ptr()) || PyNumber_Check(value.ptr())))
+    case ArgKind::float_: {
+      // Anything float() takes (NumPy and torch scalars too), but not a bool; an array is a
+      // number to PyNumber_Check, so conversion failures are the caller's wrong argument too.
+      if (is_bool || !PyNumber_Check(value.ptr())) arg_error(op, arg, "a float", value);
+      const double v = PyFloat_AsDouble(value.ptr());
+      if (v == -1.0 && PyErr_Occurred()) {
+        const bool overflow = PyErr_ExceptionMatches(PyExc_OverflowError);
+        PyErr_Clear();
+        if (overflow) fail(ErrorKind::value, op.name(), "(): '", arg.name, "' is out of the float range");
         arg_error(op, arg, "a float", value);
-      return PyFloat_AsDouble(value.ptr());
-    case ArgKind::int_:
-      if (is_bool || !PyLong_Check(value.ptr())) arg_error(op, arg, "an int", value);
-      return static_cast<int64_t>(PyLong_AsLongLong(value.ptr()));
+      }
+      return v;
+    }
+    case ArgKind::int_: {
+      // Python ints and whatever has __index__ (NumPy integers), not bools or floats.
+      if (is_bool || !PyIndex_Check(value.ptr())) arg_error(op, arg, "an int", value);
+      int overflow = 0;
+      nb::object index = nb::steal(PyNumber_Index(value.ptr()));
+      const long long v = index ? PyLong_AsLongLongAndOverflow(index.ptr(), &overflow) : -1;
+      if (!index || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        arg_error(op, arg, "an int", value);
+      }
+      if (overflow)
+        fail(ErrorKind::value, op.name(), "(): '", arg.name, "' must fit in 64 bits, got ", python_str(index));
+      return static_cast<int64_t>(v);
+    }
     case ArgKind::bool_:
       if (!is_bool) arg_error(op, arg, "a bool", value);
       return value.ptr() == Py_True;

@@ -75,6 +75,15 @@ USER_ERRORS = [
     (lambda: opforge.rms_norm(X, W, eps=None), TypeError, r"rms_norm\(\): 'eps' must be a float, got NoneType"),
     (lambda: opforge.rms_norm(X, W, eps=-1e-3), ValueError, r"rms_norm\(\): 'eps' must be >= 0, got -0.001"),
     (lambda: opforge.rms_norm(X, W, eps=float("nan")), ValueError, r"rms_norm\(\): 'eps' must be >= 0, got nan"),
+    # an array is a number to Python's C API, but not a float; ints must fit in 64 bits
+    (lambda: opforge.rms_norm(X, W, eps=W), TypeError, r"rms_norm\(\): 'eps' must be a float, got ndarray"),
+    (lambda: opforge.rms_norm(X, W, eps=10**400), ValueError, r"rms_norm\(\): 'eps' is out of the float range"),
+    (lambda: opforge.scatter_add(X, np.zeros(2, np.int64), 2.0), TypeError,
+     r"scatter_add\(\): 'dim_size' must be an int, got float"),
+    (lambda: opforge.scatter_add(X, np.zeros(2, np.int64), np.array([2])), TypeError,
+     r"scatter_add\(\): 'dim_size' must be an int, got ndarray"),
+    (lambda: opforge.scatter_add(X, np.zeros(2, np.int64), 2**70), ValueError,
+     r"scatter_add\(\): 'dim_size' must fit in 64 bits, got 1180591620717411303424"),
     # torch autograd is torch.ops.opforge's job; the generic path must not drop gradients
     (lambda: opforge.add_one(torch.ones(3, requires_grad=True)), TypeError,
      r"add_one\(\): 'x' is a torch tensor that requires grad; call \.detach\(\) first"),
@@ -193,3 +202,14 @@ def test_env_simd_target_invalid_does_not_abort():
     # A bad OPFORGE_SIMD is ignored at load (reported by `opforge info`), never an abort.
     out = run_python("import opforge; print(opforge.simd_target() in opforge.simd_targets())", OPFORGE_SIMD="nope")
     assert out.strip() == "True"
+
+
+def test_numpy_and_torch_scalars_are_attributes():
+    """Attributes take what float() and operator.index() take: NumPy and torch scalars too."""
+    index = np.array([0, 1])
+    want = opforge.scatter_add(X, index, 3)
+    for dim_size in (np.int64(3), np.int32(3), np.uint8(3), torch.tensor(3)):
+        np.testing.assert_array_equal(opforge.scatter_add(X, index, dim_size), want)
+    want = opforge.rms_norm(X, W, 1e-3)
+    for eps in (np.float32(1e-3), np.float64(1e-3), torch.tensor(1e-3, dtype=torch.float64), np.array(1e-3)):
+        np.testing.assert_allclose(opforge.rms_norm(X, W, eps), want, rtol=1e-6)
