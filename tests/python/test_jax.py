@@ -202,10 +202,35 @@ def test_value_and_grad_under_jit(rng):
     (lambda: oj.rms_norm(jnp.ones((2, 4))), TypeError, r"rms_norm\(\): missing a required argument: 'weight'"),
     (lambda: oj.rms_norm(jnp.ones((2, 4)), jnp.ones(4), eps="a"), TypeError, r"rms_norm\(\): 'eps' must be a float"),
     (lambda: oj.rms_norm(jnp.ones((2, 4)), jnp.ones(4), eps=-1.0), ValueError, r"rms_norm\(\): 'eps' must be >= 0"),
+    (lambda: oj.rms_norm(jnp.ones((2, 4)), jnp.ones(4), eps=jnp.ones(4)), TypeError,
+     r"rms_norm\(\): 'eps' must be a float"),  # under jit: "known when tracing", a traced array
+    (lambda: oj.rms_norm(jnp.ones((2, 4)), jnp.ones(4), eps=10**400), ValueError,
+     r"rms_norm\(\): 'eps' is out of the float range"),
+    (lambda: oj.scatter_add(jnp.ones((2, 3)), jnp.zeros(2, jnp.int32), 2.0), TypeError,
+     r"scatter_add\(\): 'dim_size' must be an int, got float"),
+    (lambda: oj.scatter_add(jnp.ones((2, 3)), jnp.zeros(2, jnp.int32), 2**70), ValueError,
+     r"scatter_add\(\): 'dim_size' must fit in 64 bits"),
+    (lambda: oj.gelu(jnp.ones(3), approximate=None), TypeError, r"gelu\(\): 'approximate' must be a str, got NoneType"),
 ])
 def test_bad_input_raises_at_trace_time(call, error, message, jit):
     with pytest.raises(error, match=message):
         jax.jit(call)() if jit else call()
+
+
+def test_attributes_are_static_values():
+    """An attribute may be any scalar float()/operator.index() takes, NumPy's and concrete JAX
+    ones too, but not a value traced under jit (an FFI call's attributes are compile-time
+    constants); 2.0 for an int is refused even after a call with 2 was cached."""
+    x, w, index = jnp.ones((2, 4)), jnp.ones(4), jnp.array([0, 1])
+    want = oj.rms_norm(x, w, eps=1e-3)
+    for eps in (np.float32(1e-3), jnp.float32(1e-3), np.array(1e-3)):
+        np.testing.assert_allclose(oj.rms_norm(x, w, eps=eps), want, rtol=1e-6)
+    with pytest.raises(TypeError, match=r"rms_norm\(\): 'eps' must be a float known when tracing \(attributes are "
+                                        r"static\), got a traced value"):
+        jax.jit(lambda e: oj.rms_norm(x, w, eps=e))(1e-3)
+    np.testing.assert_array_equal(oj.scatter_add(x, index, np.int64(3)), oj.scatter_add(x, index, 3))
+    with pytest.raises(TypeError, match="must be an int, got float"):
+        oj.scatter_add(x, index, 3.0)
 
 
 def test_abi_check_names_both_versions(monkeypatch):
