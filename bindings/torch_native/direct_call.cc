@@ -90,6 +90,13 @@ PyObject* raise(const Error& error) {
   return nullptr;
 }
 
+// ValueError "<op>(): '<arg>' <what>" in place of the Python error a conversion left.
+PyObject* out_of_range(const OpDef& op, const ArgSpec& arg, const char* what) {
+  PyErr_Clear();
+  PyErr_Format(PyExc_ValueError, "%s(): '%s' %s", op.name().c_str(), arg.name.c_str(), what);
+  return nullptr;
+}
+
 // fn(*args): every schema argument, positional, in order (opforge.torch's generated wrapper
 // binds names and defaults and checks argument kinds before calling this).
 PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -122,15 +129,16 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
           inputs.tensors.emplace_back(std::move(view));
           break;
         }
+        // The generated wrapper has checked the kinds: a failed conversion is a value out of range.
         case ArgKind::float_: {
           const double v = PyFloat_AsDouble(value);
-          if (v == -1.0 && PyErr_Occurred()) return nullptr;
+          if (v == -1.0 && PyErr_Occurred()) return out_of_range(op, specs[i], "is out of the float range");
           inputs.attrs.emplace_back(v);
           break;
         }
         case ArgKind::int_: {
           const long long v = PyLong_AsLongLong(value);
-          if (v == -1 && PyErr_Occurred()) return nullptr;
+          if (v == -1 && PyErr_Occurred()) return out_of_range(op, specs[i], "must fit in 64 bits");
           inputs.attrs.emplace_back(static_cast<int64_t>(v));
           break;
         }

@@ -34,6 +34,7 @@ if __name__ == "__main__":  # python -m opforge.torch: run the imported module (
 
 import ctypes
 import keyword
+import numbers
 import os
 from pathlib import Path
 
@@ -281,8 +282,9 @@ def _autograd_rules(op: _Op):
 _KINDS = {
     "Tensor": ("Tensor", "not isinstance({n}, Tensor)", "a Tensor"),
     "Tensor?": ("Tensor | None", "{n} is not None and not isinstance({n}, Tensor)", "a Tensor or None"),
-    "float": ("float", "isinstance({n}, bool) or not isinstance({n}, (float, int, SymFloat, SymInt))", "a float"),
-    "int": ("int", "isinstance({n}, bool) or not isinstance({n}, (int, SymInt))", "an int"),
+    # NumPy scalars too (numbers.Real / Integral, checked last: the plain types are the fast path)
+    "float": ("float", "isinstance({n}, bool) or not isinstance({n}, (float, int, SymFloat, SymInt, Real))", "a float"),
+    "int": ("int", "isinstance({n}, bool) or not isinstance({n}, (int, SymInt, Integral))", "an int"),
     "bool": ("bool", "not isinstance({n}, (bool, SymBool))", "a bool"),
     "str": ("str", "not isinstance({n}, str)", "a str"),
 }
@@ -326,6 +328,7 @@ def _make_function(op: _Op):
         raise TypeError(f"{op.name}(): '{name}' must be {expected}, got {type(value).__name__}")
 
     namespace = {"Tensor": torch.Tensor, "SymInt": torch.SymInt, "SymFloat": torch.SymFloat,
+                 "Real": numbers.Real, "Integral": numbers.Integral,
                  "SymBool": torch.SymBool, "__op": op.overload, "__bad": bad, "__reraise": _reraise,
                  "__direct": _direct_call(op.name.encode(), op.overload) if NATIVE_AUTOGRAD else None,
                  "__compiling": torch.compiler.is_compiling, "__grad_enabled": torch.is_grad_enabled,

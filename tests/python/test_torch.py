@@ -196,10 +196,32 @@ def test_inference_mode_skips_python_and_raises_runtime_error():
     (lambda: ot.add(torch.ones(3), 1.0), "add(): 'y' must be a Tensor, got float"),
     (lambda: ot.rms_norm(torch.ones(2, 4), torch.ones(4), eps="a"), "rms_norm(): 'eps' must be a float, got str"),
     (lambda: ot.rms_norm(torch.ones(2, 4)), "rms_norm() missing 1 required positional argument: 'weight'"),
+    (lambda: ot.rms_norm(torch.ones(2, 4), torch.ones(4), eps=np.ones(4)),
+     "rms_norm(): 'eps' must be a float, got ndarray"),
+    (lambda: ot.scatter_add(torch.ones(2, 3), torch.zeros(2, dtype=torch.int64), 2.0),
+     "scatter_add(): 'dim_size' must be an int, got float"),
 ])
 def test_bad_argument_kinds(call, message):
     with pytest.raises(TypeError, match=re.escape(message)):
         call()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: ot.rms_norm(torch.ones(2, 4), torch.ones(4), eps=10**400), "rms_norm(): 'eps' is out of the float range"),
+    (lambda: ot.scatter_add(torch.ones(2, 3), torch.zeros(2, dtype=torch.int64), 2**70),
+     "scatter_add(): 'dim_size' must fit in 64 bits"),
+])
+def test_attributes_out_of_range(call, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()
+
+
+def test_numpy_scalars_as_attributes(rng):
+    """What torch.ops.opforge takes, opforge.torch takes: NumPy scalars for floats and ints."""
+    x, w = torch.randn(3, 4, dtype=torch.float64), torch.rand(4, dtype=torch.float64)
+    torch.testing.assert_close(ot.rms_norm(x, w, np.float32(1e-3)), ot.rms_norm(x, w, float(np.float32(1e-3))))
+    index = torch.tensor([0, 2, 0])
+    torch.testing.assert_close(ot.scatter_add(x, index, np.int64(3)), ot.scatter_add(x, index, 3))
 
 
 def test_device_mismatch_fails_while_tracing():
