@@ -31,12 +31,13 @@ from ._core import (
 
 __version__ = _core.__version__
 
-from . import plugins as _plugins_module  # noqa: E402
+from . import plugins  # noqa: E402
 from .plugins import PluginError, build_plugin  # noqa: E402
 
-# Ops compiled apart from this build (opforge.build_plugin), loaded before the functions below
-# are made so that they are opforge ops like the rest; their registration errors surface here too.
-plugins = _plugins_module.load_from_environment()
+# Paths of the libraries of ops compiled apart from this build (opforge.build_plugin), loaded
+# before the functions below are made so that they are opforge ops like the rest; their
+# registration errors surface here too. (opforge.plugins stays the module.)
+loaded_plugins = plugins.load_from_environment()
 
 if _core.registration_errors():
     raise ImportError("opforge: some ops failed to register:\n  " + "\n  ".join(_core.registration_errors()))
@@ -100,7 +101,7 @@ def info() -> dict:
         "backends": backends(),
         "built_with_cuda": _core.built_with_cuda,
         "num_threads": num_threads(),
-        "plugins": list(plugins),
+        "plugins": list(loaded_plugins),
         "ops": _core.op_names(),
     }
 
@@ -114,7 +115,7 @@ def _add_functions(names: list[str], error: type[Exception] = ImportError) -> No
         # Only a plugin's op can get here with such a name (new-op and the built-in ops avoid them).
         if name in globals() or name in _SUBMODULES:
             raise error(f"opforge: op '{name}' would replace opforge.{name}; rename the op "
-                        f"(plugins: {', '.join(plugins) or 'none'})")
+                        f"(plugins: {', '.join(loaded_plugins) or 'none'})")
     for name in names:
         globals()[name] = _make_function(_core.op(name))
 
@@ -132,11 +133,11 @@ def load_plugin(library: str | _Path) -> list[str]:
     op needs a new process (or a new name). PluginError when the library cannot be loaded or
     its ops are rejected; what did register before the error stays registered."""
     path = str(_Path(library).resolve())
-    if any(str(_Path(p).resolve()) == path for p in plugins):
+    if any(str(_Path(p).resolve()) == path for p in loaded_plugins):
         return []
     names_before, errors_before = set(_core.op_names()), set(_core.registration_errors())
-    _plugins_module.load(path, PluginError, "load_plugin()")
-    plugins.append(path)
+    plugins.load(path, PluginError, "load_plugin()")
+    loaded_plugins.append(path)
     errors = [e for e in _core.registration_errors() if e not in errors_before]
     if errors:
         raise PluginError(f"load_plugin(): {path}: some ops failed to register:\n  " + "\n  ".join(errors))

@@ -52,8 +52,8 @@ def plus_two(tmp_path_factory):
 # Every frontend runs plus_two (opforge, torch, jax and the rest imported by the code before it).
 CHECK_PLUS_TWO = """
 x = np.arange(5.0, dtype=np.float32)
-assert opforge.plugins and "plus_two" in [o["name"] for o in opforge.ops()]
-assert opforge.info()["plugins"] == opforge.plugins
+assert opforge.loaded_plugins and "plus_two" in [o["name"] for o in opforge.ops()]
+assert opforge.info()["plugins"] == opforge.loaded_plugins
 np.testing.assert_array_equal(opforge.plus_two(x), x + 2)
 t = torch.arange(5.0, requires_grad=True)
 y = torch.ops.opforge.plus_two(t)
@@ -433,4 +433,4 @@ def test_cli_builds_and_prints_the_path(plus_two):
 def test_no_plugins_without_the_variable():
     if os.environ.get("OPFORGE_PLUGINS"):
         pytest.skip("OPFORGE_PLUGINS is set for this run")
-    assert opforge.plugins == []
+    assert opforge.loaded_plugins == []
