@@ -35,6 +35,19 @@ void check_tensor(const OpDef& op, const OpInputs& in, int64_t slot, const Tenso
     if (s < 0) ctx.fail(ErrorKind::value, "'", name, "' has a negative size in shape ", t.shape);
 }
 
+// A result whose size in bytes overflows int64 could be neither allocated nor indexed (an
+// input broadcast by stride 0 can have that many elements without taking the memory).
+void check_size(const ShapeContext& ctx, const OutputSpec& out, size_t index, size_t count) {
+  if (std::find(out.shape.begin(), out.shape.end(), 0) != out.shape.end()) return;  // empty
+  int64_t bytes = dtype_size(out.dtype);
+  bool overflow = false;
+  for (int64_t s : out.shape) overflow = overflow || __builtin_mul_overflow(bytes, s, &bytes);
+  if (!overflow) return;
+  const std::string which = count == 1 ? "the result" : str("result ", index);
+  ctx.fail(ErrorKind::value, which, " would have shape ", out.shape, " (", dtype_name(out.dtype),
+           "), 2^63 bytes or more");
+}
+
 }  // namespace
 
 Device device_of(const OpInputs& inputs) {
@@ -73,7 +86,12 @@ Outputs infer_outputs(const OpDef& op, const OpInputs& inputs) {
   Outputs outputs = op.shape_rule()(ctx);
   OPFORGE_CHECK(static_cast<int64_t>(outputs.size()) == schema.num_results, op.name(),
                 "'s shape rule returned ", outputs.size(), " results, schema says ", schema.num_results);
+  for (size_t r = 0; r < outputs.size(); ++r) check_size(ctx, outputs[r], r, outputs.size());
   return outputs;
+}
+
+void fail_result_allocation(const OpDef& op, const std::exception& error) {
+  fail(ErrorKind::runtime, op.name(), "(): cannot allocate its results: ", error.what());
 }
 
 void run_kernel(const OpDef& op, const Selection& selection, const OpInputs& inputs,

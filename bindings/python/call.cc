@@ -23,6 +23,13 @@ std::string python_str(nb::handle obj) { return nb::cast<std::string>(nb::str(ob
   fail(ErrorKind::type, op.name(), "(): '", arg.name, "' must be ", expected, ", got ", python_type_name(got));
 }
 
+// numpy.bool_ (named "bool" since NumPy 2, so "must be a bool, got bool" would puzzle).
+bool is_numpy_bool(nb::handle value) {
+  const nb::handle type(reinterpret_cast<PyObject*>(Py_TYPE(value.ptr())));
+  const char* name = reinterpret_cast<PyTypeObject*>(type.ptr())->tp_name;
+  return std::string_view(name) == "numpy.bool" || std::string_view(name) == "numpy.bool_";
+}
+
 }  // namespace
 
 AttrValue attr_from_python(const OpDef& op, const ArgSpec& arg, nb::handle value) {
@@ -56,11 +63,19 @@ AttrValue attr_from_python(const OpDef& op, const ArgSpec& arg, nb::handle value
       return static_cast<int64_t>(v);
     }
     case ArgKind::bool_:
+      if (is_numpy_bool(value)) return PyObject_IsTrue(value.ptr()) == 1;
       if (!is_bool) arg_error(op, arg, "a bool", value);
       return value.ptr() == Py_True;
-    case ArgKind::str:
+    case ArgKind::str: {
       if (!PyUnicode_Check(value.ptr())) arg_error(op, arg, "a str", value);
-      return nb::cast<std::string>(value);
+      Py_ssize_t length = 0;
+      const char* text = PyUnicode_AsUTF8AndSize(value.ptr(), &length);
+      if (!text) {  // a lone surrogate has no UTF-8 form
+        PyErr_Clear();
+        fail(ErrorKind::value, op.name(), "(): '", arg.name, "' is not valid Unicode text (it has a lone surrogate)");
+      }
+      return std::string(text, static_cast<size_t>(length));
+    }
     default:
       break;
   }
@@ -112,10 +127,19 @@ PreparedCall prepare_call(const OpDef& op, const nb::args& args, const nb::kwarg
     }
     // Checked before the import: nanobind falls back to torch.utils.dlpack.to_dlpack, which
     // exports such a tensor anyway, and the result would silently carry no gradient.
-    if (framework_of(value) == Framework::torch && nb::cast<bool>(value.attr("requires_grad")) &&
-        nb::cast<bool>(nb::module_::import_("torch").attr("is_grad_enabled")()))
-      fail(ErrorKind::type, op.name(), "(): '", spec.name,
-           "' is a torch tensor that requires grad; call .detach() first, or use torch.ops.opforge for autograd");
+    if (framework_of(value) == Framework::torch) {
+      if (nb::cast<bool>(value.attr("requires_grad")) &&
+          nb::cast<bool>(nb::module_::import_("torch").attr("is_grad_enabled")()))
+        fail(ErrorKind::type, op.name(), "(): '", spec.name,
+             "' is a torch tensor that requires grad; call .detach() first, or use torch.ops.opforge for autograd");
+      // to_dlpack exports the memory without the lazy negation or conjugation these bits stand for.
+      if (nb::cast<bool>(value.attr("is_neg")()))
+        fail(ErrorKind::type, op.name(), "(): '", spec.name,
+             "' is a torch tensor with its negative bit set (a lazy negation); call .resolve_neg() first");
+      if (nb::cast<bool>(value.attr("is_conj")()))
+        fail(ErrorKind::type, op.name(), "(): '", spec.name,
+             "' is a torch tensor with its conjugate bit set; call .resolve_conj() first");
+    }
     call.arrays.emplace_back();
     if (!import_array(value, call.arrays.back())) {
       // An array DLPack cannot express (byte order, dtype, device) is still an array: say which.
@@ -156,7 +180,12 @@ nb::list infer_call(const OpDef& op, const nb::sequence& tensors, const nb::dict
       }
       TensorView view;
       view.shape = nb::cast<std::vector<int64_t>>(meta[0]);
-      view.dtype = dtype_from_name(nb::cast<std::string>(meta[1]));
+      const std::string dtype = nb::cast<std::string>(meta[1]);
+      try {
+        view.dtype = dtype_from_name(dtype);
+      } catch (const Error&) {
+        fail(ErrorKind::type, op.name(), "(): '", spec.name, "' has dtype ", dtype, ", which opforge does not support");
+      }
       view.strides = contiguous_strides(view.shape);
       if (nb::len(meta) > 2 && !meta[2].is_none()) {  // (device type name, index): checks devices agree
         const std::string type = nb::cast<std::string>(meta[2][0]);
@@ -188,9 +217,13 @@ nb::object call_op(const OpDef& op, nb::args args, nb::kwargs kwargs) {
   void* stream = current_stream(framework, device);
   std::vector<Allocation> results;
   std::vector<TensorView> views;
-  for (const auto& out : specs_out) {
-    results.push_back(allocate(*selection.backend, out.dtype, out.shape, device, stream));
-    views.push_back(results.back().view);
+  try {
+    for (const auto& out : specs_out) {
+      results.push_back(allocate(*selection.backend, out.dtype, out.shape, device, stream));
+      views.push_back(results.back().view);
+    }
+  } catch (const Error& error) {
+    fail_result_allocation(op, error);
   }
   {
     nb::gil_scoped_release no_gil;  // kernels may run long and use the thread pool

@@ -258,9 +258,13 @@ void run_boxed(const OpDef& op, StableIValue* stack, uint64_t num_args, uint64_t
   std::vector<TensorView> views;
   for (const OutputSpec& spec : results) {
     TensorView view{nullptr, spec.dtype, device, spec.shape, contiguous_strides(spec.shape)};
-    outputs.emplace_back(device.type == DeviceType::cpu && view.nbytes() >= kBackendAllocationBytes
-                             ? from_backend_memory(*selection.backend, view, torch_device)
-                             : torch_empty(view, torch_device));
+    try {
+      outputs.emplace_back(device.type == DeviceType::cpu && view.nbytes() >= kBackendAllocationBytes
+                               ? from_backend_memory(*selection.backend, view, torch_device)
+                               : torch_empty(view, torch_device));
+    } catch (const Error& error) {
+      fail_result_allocation(op, error);
+    }
     check(aoti_torch_get_data_ptr(outputs.back().get(), &view.data), "aoti_torch_get_data_ptr");
     views.push_back(std::move(view));
   }

@@ -90,8 +90,8 @@ PyObject* raise(const Error& error) {
   return nullptr;
 }
 
-// ValueError "<op>(): '<arg>' <what>" in place of the Python error a conversion left.
-PyObject* out_of_range(const OpDef& op, const ArgSpec& arg, const char* what) {
+// ValueError "<op>(): '<arg>' <what>" in place of the Python error a failed conversion left.
+PyObject* bad_value(const OpDef& op, const ArgSpec& arg, const char* what) {
   PyErr_Clear();
   PyErr_Format(PyExc_ValueError, "%s(): '%s' %s", op.name().c_str(), arg.name.c_str(), what);
   return nullptr;
@@ -132,21 +132,26 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
         // The generated wrapper has checked the kinds: a failed conversion is a value out of range.
         case ArgKind::float_: {
           const double v = PyFloat_AsDouble(value);
-          if (v == -1.0 && PyErr_Occurred()) return out_of_range(op, specs[i], "is out of the float range");
+          if (v == -1.0 && PyErr_Occurred()) return bad_value(op, specs[i], "is out of the float range");
           inputs.attrs.emplace_back(v);
           break;
         }
         case ArgKind::int_: {
           const long long v = PyLong_AsLongLong(value);
-          if (v == -1 && PyErr_Occurred()) return out_of_range(op, specs[i], "must fit in 64 bits");
+          if (v == -1 && PyErr_Occurred()) return bad_value(op, specs[i], "must fit in 64 bits");
           inputs.attrs.emplace_back(static_cast<int64_t>(v));
           break;
         }
-        case ArgKind::bool_: inputs.attrs.emplace_back(value == Py_True); break;
+        case ArgKind::bool_: {  // True, False or numpy.bool_
+          const int truth = PyObject_IsTrue(value);
+          if (truth < 0) return nullptr;
+          inputs.attrs.emplace_back(truth == 1);
+          break;
+        }
         case ArgKind::str: {
           Py_ssize_t length = 0;
           const char* text = PyUnicode_AsUTF8AndSize(value, &length);
-          if (!text) return nullptr;
+          if (!text) return bad_value(op, specs[i], "is not valid Unicode text (it has a lone surrogate)");
           inputs.attrs.emplace_back(std::string(text, static_cast<size_t>(length)));
           break;
         }
@@ -160,7 +165,11 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     views.reserve(results.size());
     for (const OutputSpec& spec : results) {
       TensorView view{nullptr, spec.dtype, Device{DeviceType::cpu, 0}, spec.shape, contiguous_strides(spec.shape)};
-      outputs.push_back(allocate(*selection.backend, view));
+      try {
+        outputs.push_back(allocate(*selection.backend, view));
+      } catch (const std::exception& error) {  // opforge's Error or torch's c10::Error
+        fail_result_allocation(op, error);
+      }
       view.data = outputs.back().data_ptr();
       views.push_back(std::move(view));
     }

@@ -28,6 +28,10 @@ Selection select_kernel(const OpDef& op, const OpInputs& inputs);
 // The device all tensor inputs share (cpu for an op without tensors).
 Device device_of(const OpInputs& inputs);
 
+// Adapters allocate the results themselves (from the backend or the framework): a failure
+// there (out of memory) leaves as Error(runtime) "<op>(): cannot allocate its results: <why>".
+[[noreturn]] void fail_result_allocation(const OpDef& op, const std::exception& error);
+
 // Calls the kernel unless every output is empty.
 void run_kernel(const OpDef& op, const Selection& selection, const OpInputs& inputs,
                 std::span<const TensorView> outputs, void* stream);

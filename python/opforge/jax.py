@@ -92,22 +92,25 @@ def _static_attr(op: str, name: str, kind: str, value):
     """An attribute as the plain Python value it stands for. Attributes are constants of the
     custom call, fixed when tracing (and the key of the traced-call cache, so 2.0 must not pass
     for an int because it hashes like 2); the C++ declaration checks their ranges next."""
-    try:
-        if kind == "float" and not isinstance(value, (bool, np.bool_)):
-            return float(value)  # NumPy and concrete JAX scalars too
-        if kind == "int" and not isinstance(value, (bool, np.bool_)):
-            return operator.index(value)
-        if kind == "bool" and isinstance(value, (bool, np.bool_)):
-            return bool(value)
-        if kind == "str" and isinstance(value, str):
-            return value
-    except jax.errors.ConcretizationTypeError:
-        raise TypeError(f"{op}(): '{name}' must be {_EXPECTED[kind]} known when tracing (attributes are static), "
-                        "got a traced value") from None
-    except OverflowError:
-        raise ValueError(f"{op}(): '{name}' is out of the {kind} range") from None
-    except (TypeError, ValueError):
-        pass
+    if kind == "str" and isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise ValueError(f"{op}(): '{name}' is not valid Unicode text (it has a lone surrogate)") from None
+        return value
+    if kind == "bool" and isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if kind in ("float", "int") and not isinstance(value, (bool, np.bool_)):
+        try:
+            return float(value) if kind == "float" else operator.index(value)  # NumPy, concrete JAX scalars
+        except jax.errors.ConcretizationTypeError:
+            raise TypeError(f"{op}(): '{name}' must be {_EXPECTED[kind]} known when tracing (attributes are "
+                            "static), got a traced value") from None
+        except OverflowError:
+            raise ValueError(f"{op}(): '{name}' is out of the {kind} range") from None
+        except (TypeError, ValueError):
+            pass
     raise TypeError(f"{op}(): '{name}' must be {_EXPECTED[kind]}, got {type(value).__name__}")
 
 
@@ -171,13 +174,28 @@ def _zero_cotangent(x):
     return np.zeros(x.shape, dtype=jax.dtypes.float0)
 
 
+def _not_differentiable(name: str, prim):
+    """prim, raising the op's own error (torch's wording) when JAX differentiates through it,
+    forward or reverse; JAX's would not name the op. (A custom_jvp, not a custom_vjp: JAX would
+    skip a vjp rule behind integer results, quantize's, and return zeros.)"""
+    @jax.custom_jvp
+    def f(*present):
+        return prim(*present)
+
+    @f.defjvp
+    def jvp(primals, tangents):
+        raise RuntimeError(f"{name}() is not differentiable: its declaration names no backward op")
+
+    return f
+
+
 @functools.lru_cache(maxsize=None)
 def _differentiable(name: str, names: tuple[str, ...], attr_items: tuple):
     """_primitive wrapped in a custom_vjp that calls the op's declared backward op."""
     op = _op(name)
     prim = _primitive(name, names, attr_items)
     if op.backward is None:
-        return prim
+        return _not_differentiable(name, prim)
     backward_name, differentiable = op.backward
     backward = _op(backward_name)
     attrs = dict(attr_items)

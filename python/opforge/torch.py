@@ -214,6 +214,13 @@ def _fake_kernel(op: _Op):
             if t is not None and t.dtype not in _DTYPE_NAMES:  # as the C++ kernel says it
                 raise TypeError(f"{op.name}(): '{name}' has dtype {str(t.dtype).removeprefix('torch.')}, "
                                 "which opforge does not support")
+        # Real tensors reach this kernel on torch's Meta key, even mixed with CPU ones (whose
+        # results it would make, unfilled): every device must agree, as in the C++ validator.
+        placed = [(n, t.device) for n, t in zip(op.tensor_names, tensors) if t is not None]
+        for name, device in placed[1:]:
+            if device != placed[0][1]:
+                raise RuntimeError(f"{op.name}(): '{name}' is on {device} but '{placed[0][0]}' is on {placed[0][1]}; "
+                                   "all tensors must be on one device")
         attrs = {n: values[n] for n in op.attr_names}
         results = infer(tensors, attrs, _hint)
         shapes = [shape for shape, _ in results]
@@ -277,6 +284,14 @@ def _autograd_rules(op: _Op):
     return setup_context, backward
 
 
+try:  # torch.ops takes numpy.bool_ for a bool; torch runs without NumPy too
+    import numpy as _numpy
+
+    _NUMPY_BOOL: type = _numpy.bool_
+except ImportError:
+    _NUMPY_BOOL = bool
+
+
 # Per schema kind: annotation, a test that is true for a wrong value of argument {n}, and what
 # the error says was expected (the generic adapter's wording).
 _KINDS = {
@@ -285,7 +300,7 @@ _KINDS = {
     # NumPy scalars too (numbers.Real / Integral, checked last: the plain types are the fast path)
     "float": ("float", "isinstance({n}, bool) or not isinstance({n}, (float, int, SymFloat, SymInt, Real))", "a float"),
     "int": ("int", "isinstance({n}, bool) or not isinstance({n}, (int, SymInt, Integral))", "an int"),
-    "bool": ("bool", "not isinstance({n}, (bool, SymBool))", "a bool"),
+    "bool": ("bool", "not isinstance({n}, (bool, SymBool, NumpyBool))", "a bool"),
     "str": ("str", "not isinstance({n}, str)", "a str"),
 }
 
@@ -328,7 +343,7 @@ def _make_function(op: _Op):
         raise TypeError(f"{op.name}(): '{name}' must be {expected}, got {type(value).__name__}")
 
     namespace = {"Tensor": torch.Tensor, "SymInt": torch.SymInt, "SymFloat": torch.SymFloat,
-                 "Real": numbers.Real, "Integral": numbers.Integral,
+                 "Real": numbers.Real, "Integral": numbers.Integral, "NumpyBool": _NUMPY_BOOL,
                  "SymBool": torch.SymBool, "__op": op.overload, "__bad": bad, "__reraise": _reraise,
                  "__direct": _direct_call(op.name.encode(), op.overload) if NATIVE_AUTOGRAD else None,
                  "__compiling": torch.compiler.is_compiling, "__grad_enabled": torch.is_grad_enabled,

@@ -84,6 +84,21 @@ USER_ERRORS = [
      r"scatter_add\(\): 'dim_size' must be an int, got ndarray"),
     (lambda: opforge.scatter_add(X, np.zeros(2, np.int64), 2**70), ValueError,
      r"scatter_add\(\): 'dim_size' must fit in 64 bits, got 1180591620717411303424"),
+    (lambda: opforge.scatter_add(X, np.zeros(2, np.int64), 2, dim=2**63), ValueError,
+     r"scatter_add\(\): 'dim' must fit in 64 bits, got 9223372036854775808"),
+    (lambda: opforge.rms_norm(X, W, eps=1j), TypeError, r"rms_norm\(\): 'eps' must be a float, got complex"),
+    (lambda: opforge.gelu(X, approximate="\udcff"), ValueError,
+     r"gelu\(\): 'approximate' is not valid Unicode text \(it has a lone surrogate\)"),
+    # results too big to address, or to allocate: the op's error, not a crash or a bare one
+    (lambda: opforge.relu(torch.ones(1).expand(2**31, 2**31)), ValueError,
+     r"relu\(\): the result would have shape \[2147483648, 2147483648\] \(float32\), 2\^63 bytes or more"),
+    (lambda: opforge.scatter_add(X, np.zeros(2, np.int64), 2**62), ValueError,
+     r"scatter_add\(\): the result would have shape \[4611686018427387904, 3\]"),
+    (lambda: opforge.relu(np.broadcast_to(np.float32(1), (2**46,))), RuntimeError,
+     r"relu\(\): cannot allocate its results: cpu backend: out of memory allocating 281474976710656 bytes"),
+    # torch's lazy negation and conjugation bits: the exported memory does not carry them
+    (lambda: opforge.relu(torch.randn(4, 8, dtype=torch.complex64).conj().imag), TypeError,
+     r"relu\(\): 'x' is a torch tensor with its negative bit set \(a lazy negation\); call \.resolve_neg\(\) first"),
     # torch autograd is torch.ops.opforge's job; the generic path must not drop gradients
     (lambda: opforge.add_one(torch.ones(3, requires_grad=True)), TypeError,
      r"add_one\(\): 'x' is a torch tensor that requires grad; call \.detach\(\) first"),
@@ -213,3 +228,5 @@ def test_numpy_and_torch_scalars_are_attributes():
     want = opforge.rms_norm(X, W, 1e-3)
     for eps in (np.float32(1e-3), np.float64(1e-3), torch.tensor(1e-3, dtype=torch.float64), np.array(1e-3)):
         np.testing.assert_allclose(opforge.rms_norm(X, W, eps), want, rtol=1e-6)
+    x, table = np.random.default_rng(0).standard_normal((2, 3, 2, 4)), np.ones((3, 2))
+    np.testing.assert_array_equal(opforge.rope(x, table, table, np.bool_(True)), opforge.rope(x, table, table, True))

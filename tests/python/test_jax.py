@@ -211,10 +211,31 @@ def test_value_and_grad_under_jit(rng):
     (lambda: oj.scatter_add(jnp.ones((2, 3)), jnp.zeros(2, jnp.int32), 2**70), ValueError,
      r"scatter_add\(\): 'dim_size' must fit in 64 bits"),
     (lambda: oj.gelu(jnp.ones(3), approximate=None), TypeError, r"gelu\(\): 'approximate' must be a str, got NoneType"),
+    (lambda: oj.gelu(jnp.ones(3), approximate="\udcff"), ValueError,
+     r"gelu\(\): 'approximate' is not valid Unicode text"),
+    (lambda: oj.scatter_add(jnp.ones((6, 4), jnp.float32), jnp.zeros(6, jnp.int32), 2**62), ValueError,  # XLA aborts
+     r"scatter_add\(\): the result would have shape \[4611686018427387904, 4\] \(float32\), 2\^63 bytes or more"),
+    (lambda: oj.add(jnp.ones(3, jnp.int16), jnp.ones(3, jnp.int16)), TypeError,
+     r"add\(\): 'x' has dtype int16, which opforge does not support"),
+    (lambda: oj.relu(jnp.ones(3, jnp.complex64)), TypeError, r"relu\(\): 'x' has dtype complex64, which opforge"),
 ])
 def test_bad_input_raises_at_trace_time(call, error, message, jit):
     with pytest.raises(error, match=message):
         jax.jit(call)() if jit else call()
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: oj.relu_backward(x, x).sum(),
+    lambda x: oj.matmul_q(x, oj.quantize_q8_0(jnp.ones((4, 32), jnp.float32)), "q8_0").sum(),
+    lambda x: oj.dequantize(oj.quantize_q8_0(x), "q8_0").sum(),  # integers between: not a zero gradient
+], ids=["relu_backward", "matmul_q", "quantize_q8_0"])
+def test_grad_through_an_op_without_backward_names_it(fn):
+    x = jnp.ones((2, 32), jnp.float32)
+    with pytest.raises(RuntimeError, match=r"\(\) is not differentiable: its declaration names no backward op"):
+        jax.grad(fn)(x)
+    with pytest.raises(RuntimeError, match=r"is not differentiable"):
+        jax.jvp(fn, (x,), (x,))
+    jax.jit(jax.vmap(fn))(x[None])  # undifferentiated: fine
 
 
 def test_attributes_are_static_values():
@@ -229,6 +250,9 @@ def test_attributes_are_static_values():
                                         r"static\), got a traced value"):
         jax.jit(lambda e: oj.rms_norm(x, w, eps=e))(1e-3)
     np.testing.assert_array_equal(oj.scatter_add(x, index, np.int64(3)), oj.scatter_add(x, index, 3))
+    table = jnp.ones((3, 2))
+    rope_x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 3, 2, 4)))
+    np.testing.assert_array_equal(oj.rope(rope_x, table, table, np.bool_(True)), oj.rope(rope_x, table, table, True))
     with pytest.raises(TypeError, match="must be an int, got float"):
         oj.scatter_add(x, index, 3.0)
 

@@ -216,6 +216,39 @@ def test_attributes_out_of_range(call, message):
         call()
 
 
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: ot.gelu(torch.ones(3), "\udcff"), ValueError,
+     "gelu(): 'approximate' is not valid Unicode text (it has a lone surrogate)"),
+    (lambda: ot.relu(torch.ones(1).expand(2**31, 2**31)), ValueError,
+     "relu(): the result would have shape [2147483648, 2147483648] (float32), 2^63 bytes or more"),
+    (lambda: torch.ops.opforge.relu(torch.ones(1).expand(2**31, 2**31)), ValueError,
+     "relu(): the result would have shape [2147483648, 2147483648]"),
+    (lambda: ot.relu(torch.ones(1).expand(2**46)), RuntimeError, "relu(): cannot allocate its results: "),
+    (lambda: torch.ops.opforge.relu(torch.ones(1).expand(2**46)), RuntimeError,
+     "relu(): cannot allocate its results: "),
+    # a meta tensor beside a CPU one reaches the meta kernel, which must not make CPU results
+    (lambda: ot.add(torch.ones(4, 8), torch.ones(4, 8, device="meta")), RuntimeError,
+     "add(): 'y' is on meta but 'x' is on cpu; all tensors must be on one device"),
+    (lambda: torch.ops.opforge.rms_norm(torch.ones(4, 8), torch.ones(8, device="meta"), 1e-6), RuntimeError,
+     "rms_norm(): 'weight' is on meta but 'x' is on cpu; all tensors must be on one device"),
+])
+def test_values_no_kernel_can_take(call, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        call()
+
+
+def test_meta_tensors_alone_are_shape_inference():
+    out = ot.add(torch.ones(4, 8, device="meta"), torch.ones(8, device="meta"))
+    assert out.device.type == "meta" and out.shape == (4, 8)
+
+
+def test_numpy_bool_attribute(rng):
+    x, table = torch.randn(2, 3, 2, 4), torch.rand(3, 2)
+    want = ot.rope(x, table, table, True)
+    torch.testing.assert_close(ot.rope(x, table, table, np.bool_(True)), want, rtol=0, atol=0)
+    torch.testing.assert_close(ot.rope(x, table, table, interleaved=np.bool_(True)), want, rtol=0, atol=0)
+
+
 def test_numpy_scalars_as_attributes(rng):
     """What torch.ops.opforge takes, opforge.torch takes: NumPy scalars for floats and ints."""
     x, w = torch.randn(3, 4, dtype=torch.float64), torch.rand(4, dtype=torch.float64)
