@@ -365,6 +365,7 @@ Stream::Stream(int device, int64_t id) : device_(device), id_(id) {
 }
 
 void Stream::enqueue(std::function<void()> task) {
+  release_finished();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(std::move(task));
@@ -393,23 +394,34 @@ void Stream::run() {
     } catch (const std::exception& e) {
       error = e.what();
     }
-    // Drop the task (and the tensors it holds) before reporting it finished, so that after a
-    // synchronize the memory statistics no longer count them.
-    task = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!error.empty() && error_.empty()) error_ = std::move(error);
+      finished_tasks_.push_back(std::move(task));  // destroyed by a caller (release_finished)
       ++finished_;
     }
     idle_.notify_all();
   }
 }
 
+void Stream::release_finished() {
+  std::vector<std::function<void()>> done;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done.swap(finished_tasks_);
+  }
+}  // destroyed here, outside the lock
+
 void Stream::synchronize() {
   const uint64_t target = submitted_.load(std::memory_order_acquire);
   spin_until([&] { return finished_.load(std::memory_order_acquire) >= target; });
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    idle_.wait(lock, [&] { return finished_ >= target; });
+  }
+  // After a synchronize, the memory statistics no longer count the finished tasks' tensors.
+  release_finished();
   std::unique_lock<std::mutex> lock(mutex_);
-  idle_.wait(lock, [&] { return finished_ >= target; });
   if (!error_.empty()) {
     std::string error = std::move(error_);
     error_.clear();
@@ -418,6 +430,7 @@ void Stream::synchronize() {
 }
 
 bool Stream::query() {
+  release_finished();
   std::lock_guard<std::mutex> lock(mutex_);
   return finished_ == submitted_;
 }

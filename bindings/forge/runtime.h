@@ -107,11 +107,16 @@ class Stream {
 
  private:
   void run();
+  // Destroys the finished tasks (and the tensors they hold) on the calling thread. Never on
+  // the worker: dropping the last reference to a tensor whose Python object Python has let go
+  // frees that object, which takes the GIL, and the thread waiting on this stream may hold it.
+  void release_finished();
   int device_;
   int64_t id_;
   std::mutex mutex_;
   std::condition_variable wake_, idle_;
   std::vector<std::function<void()>> queue_;
+  std::vector<std::function<void()>> finished_tasks_;  // for release_finished()
   // Written under mutex_; atomic so that the worker and synchronize() may poll them without it.
   std::atomic<uint64_t> submitted_ = 0, finished_ = 0;
   std::string error_;

@@ -434,3 +434,36 @@ def test_async_error_surfaces_at_synchronize():
     queued task is kept and raised by the next synchronize of that stream."""
     with pytest.raises(IndexError, match="invalid forge device index"):
         forge.synchronize(forge.device_count())
+
+
+def test_compile_with_aot_eager(rng):
+    """torch.compile on forge tensors: the aot_eager backend runs the graph's ops on forge,
+    forward and backward, as eager mode does."""
+    x = torch.from_numpy(rng.standard_normal((4, 8))).to("forge").requires_grad_()
+    w = torch.from_numpy(rng.random(8)).to("forge").requires_grad_()
+    f = torch.compile(lambda x, w: torch.ops.opforge.rms_norm(x, w, 1e-6).sin(), fullgraph=True, backend="aot_eager")
+    y = f(x, w)
+    y.sum().backward()
+    xc, wc = (t.detach().cpu().requires_grad_() for t in (x, w))
+    yc = torch.ops.opforge.rms_norm(xc, wc, 1e-6).sin()
+    yc.sum().backward()
+    assert y.device.type == "forge" and x.grad.device.type == "forge"
+    for got, want in ((y, yc), (x.grad, xc.grad), (w.grad, wc.grad)):
+        torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-12, atol=1e-12)
+
+
+def test_inductor_on_forge_ends_instead_of_hanging():
+    """Inductor creates forge tensors and drops them while their copies were still queued, then
+    copies with the GIL held: a stream worker that freed those tensors (their Python objects need
+    the GIL) deadlocked it. Finished tasks are now freed by the threads that call in."""
+    code = """
+import torch, opforge.forge
+x, w = torch.randn(4, 8, device="forge"), torch.ones(8, device="forge")
+try:
+    torch.compile(lambda x, w: torch.ops.opforge.rms_norm(x, w, 1e-6), fullgraph=True)(x, w)
+except Exception as e:
+    print(type(e).__name__)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
