@@ -83,6 +83,7 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   void synchronizeEvent(void* event) const override {
     auto* e = static_cast<Event*>(event);
     if (e && e->mark) e->mark->wait();
+    if (e && e->device >= 0) raise_pending_error(e->device);
   }
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
     TORCH_CHECK(start && end, "forge: elapsed_time needs two recorded events");

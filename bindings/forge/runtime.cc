@@ -364,6 +364,35 @@ Stream::Stream(int device, int64_t id) : device_(device), id_(id) {
   std::thread([this] { run(); }).detach();
 }
 
+namespace {
+
+struct PendingErrors {
+  std::mutex mutex;
+  std::string message[kMaxDevices];  // the first failure since the last report, per device
+};
+
+PendingErrors& pending_errors() { return leaked<PendingErrors>(); }
+
+void keep_error(int device, int64_t stream, const std::string& error) {
+  PendingErrors& p = pending_errors();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  if (p.message[device].empty())
+    p.message[device] = "forge:" + std::to_string(device) + " stream " + std::to_string(stream) +
+                        ": an asynchronous task failed: " + error;
+}
+
+}  // namespace
+
+void raise_pending_error(int device) {
+  PendingErrors& p = pending_errors();
+  std::string message;
+  {
+    std::lock_guard<std::mutex> lock(p.mutex);
+    message.swap(p.message[device]);
+  }
+  TORCH_CHECK(message.empty(), message);
+}
+
 void Stream::enqueue(std::function<void()> task) {
   release_finished();
   {
@@ -394,9 +423,9 @@ void Stream::run() {
     } catch (const std::exception& e) {
       error = e.what();
     }
+    if (!error.empty()) keep_error(device_, id_, error);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!error.empty() && error_.empty()) error_ = std::move(error);
       finished_tasks_.push_back(std::move(task));  // destroyed by a caller (release_finished)
       ++finished_;
     }
@@ -421,12 +450,7 @@ void Stream::synchronize() {
   }
   // After a synchronize, the memory statistics no longer count the finished tasks' tensors.
   release_finished();
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!error_.empty()) {
-    std::string error = std::move(error_);
-    error_.clear();
-    TORCH_CHECK(false, "forge:", device_, " stream ", id_, ": an asynchronous task failed: ", error);
-  }
+  raise_pending_error(device_);
 }
 
 bool Stream::query() {

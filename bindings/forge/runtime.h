@@ -98,7 +98,7 @@ class Stream {
  public:
   Stream(int device, int64_t id);
   // Queues `task`; returns at once. An exception from a task is kept and rethrown (as
-  // c10::Error) by the next synchronize() of this stream, like an asynchronous device error.
+  // c10::Error) by the next synchronization with the device (raise_pending_error).
   void enqueue(std::function<void()> task);
   void synchronize();
   bool query();  // true when every queued task has finished
@@ -119,8 +119,12 @@ class Stream {
   std::vector<std::function<void()>> finished_tasks_;  // for release_finished()
   // Written under mutex_; atomic so that the worker and synchronize() may poll them without it.
   std::atomic<uint64_t> submitted_ = 0, finished_ = 0;
-  std::string error_;
 };
+
+// An asynchronous error is the device's, as CUDA's are the context's: the first failure on any
+// of its streams is raised (once) by the next synchronization with that device: a stream's or
+// the device's synchronize(), an event's, or a blocking copy. Work queued after it still runs.
+void raise_pending_error(int device);
 
 Stream& stream(int device, int64_t id);
 // A fresh stream on `device` (torch.Stream(device="forge"), getNewStream).

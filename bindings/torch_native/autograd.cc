@@ -227,6 +227,18 @@ bool any_requires_grad(const Plan& plan, const torch::jit::Stack& stack, size_t 
   return false;
 }
 
+// Forward-mode AD (dual tensors: torch.func.jvp, jacfwd, forward_ad) would otherwise drop the
+// tangents silently below this kernel: opforge declares reverse-mode backward ops only.
+void refuse_forward_ad(const Plan& plan, const torch::jit::Stack& stack, size_t start) {
+  for (size_t i = 0; i < plan.num_args; ++i) {
+    const c10::IValue& value = stack[start + i];
+    if (plan.is_tensor[i] && value.isTensor() && value.toTensor()._fw_grad(/*level=*/0).defined())
+      TORCH_CHECK_NOT_IMPLEMENTED(false, plan.name,
+                                  "(): forward-mode AD (jvp, jacfwd, dual tensors) is not supported: ",
+                                  "opforge ops have reverse-mode backward ops only");
+  }
+}
+
 // The Autograd kernel of one op (a functor: a plain boxed function could not tell which op).
 class AutogradKernel final : public c10::OperatorKernel {
  public:
@@ -235,6 +247,7 @@ class AutogradKernel final : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
     const Plan& plan = *plan_;
     const size_t start = stack->size() - plan.num_args;
+    refuse_forward_ad(plan, *stack, start);
     if (!any_requires_grad(plan, *stack, start)) return redispatch_below_autograd(op, keys, stack);
 
     // Edges to every tensor argument's gradient; none for arguments declared not differentiable
@@ -245,7 +258,10 @@ class AutogradKernel final : public c10::OperatorKernel {
     for (size_t i = 0; i < plan.num_args; ++i) {
       if (!plan.is_tensor[i]) continue;
       const c10::IValue& value = (*stack)[start + i];
-      const bool want = plan.differentiable[i] && value.isTensor() && value.toTensor().requires_grad();
+      // An op with no backward op gets edges to every input needing a gradient, so that the
+      // engine reaches its node (which raises) instead of treating the result as a constant.
+      const bool want = (plan.differentiable[i] || !plan.has_backward) && value.isTensor() &&
+                        value.toTensor().requires_grad();
       edges.push_back(want ? torch::autograd::impl::gradient_edge(value.toTensor()) : Edge());
       if (want) wanted.push_back(i);
     }

@@ -2,7 +2,8 @@
 // opforge's validator and kernel, without torch's dispatcher (whose Python entry alone costs
 // more than a native aten call). Everything else takes the torch op, unchanged: tensors that
 // need a gradient, tensor subclasses and FakeTensors, functorch wrappers, active dispatch modes,
-// CUDA tensors (their stream handling lives in the stable adapter), dtypes opforge lacks.
+// CUDA tensors (their stream handling lives in the stable adapter), dtypes opforge lacks,
+// forward-AD dual tensors.
 // Uses torch's Python C++ API (THPVariable), so it lives in the torch-version-specific library.
 #include <Python.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -51,6 +52,7 @@ std::optional<TensorView> plain_cpu_view(const at::Tensor& t, bool grad_mode) {
   if (t.device().type() != c10::DeviceType::CPU || t.layout() != c10::kStrided) return std::nullopt;
   if (t.key_set().has_any(kNeedsDispatcher) || t.is_conj() || t.is_neg()) return std::nullopt;
   if (grad_mode && t.requires_grad()) return std::nullopt;
+  if (t._fw_grad(/*level=*/0).defined()) return std::nullopt;  // a dual tensor: the op refuses forward AD
   const std::optional<DType> dtype = dtype_of(t.scalar_type());
   if (!dtype) return std::nullopt;
   TensorView view;

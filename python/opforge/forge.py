@@ -388,12 +388,12 @@ def initial_seed() -> int:
 # ---- loading -----------------------------------------------------------------------------------
 
 def _drain_at_exit() -> None:
-    """Waits, as Python exits, for the work queued on every forge stream. A stream's worker drops
-    each finished task's tensors, and dropping the last reference to a tensor that has a Python
-    object takes the GIL: a thread asking for the GIL while the interpreter finalizes is ended
-    inside that destructor, and the process aborts ("terminate called without an active
-    exception"). Like an asynchronous device error nobody synchronized on, a failed task is
-    reported on stderr, not raised."""
+    """Waits, as Python exits, for the work queued on every forge stream, and frees the finished
+    tasks' tensors. Dropping the last reference to a tensor that has a Python object takes the
+    GIL: a thread asking for it while the interpreter finalizes is ended inside that destructor,
+    and the process aborts ("terminate called without an active exception"). Like an
+    asynchronous device error nobody synchronized on, a failed task is reported on stderr, not
+    raised."""
     for device in range(_lib.forge_device_count()):
         if _lib.forge_synchronize(device) < 0:  # ctypes releases the GIL: the worker can finish
             print(f"opforge.forge: at exit: {_lib.forge_last_error().decode()}", file=sys.stderr)

@@ -467,3 +467,25 @@ except Exception as e:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
 
+
+def test_an_error_on_a_side_stream_is_the_devices():
+    """As CUDA's errors are the context's: a task failing on one stream is raised by the next
+    synchronization with the device (here the event the default stream waits on), once."""
+    src, bad = torch.randn(3, 4, device="forge"), torch.tensor([0, 1, 7], device="forge")
+    side = torch.forge.Stream()
+    with torch.forge.stream(side):
+        out = torch.ops.opforge.scatter_add(src, bad, 2, 0)
+    done = torch.forge.Event()
+    done.record(side)
+    failed = r"forge:0 stream \d+: an asynchronous task failed: scatter_add\(\): 'index'"
+    with pytest.raises(RuntimeError, match=failed):
+        done.synchronize()
+    torch.forge.current_stream().wait_event(done)
+    assert out.shape == (2, 4)
+    torch.forge.synchronize()  # reported once: the device is usable again
+    assert torch.equal(torch.ops.opforge.add_one(torch.ones(2, device="forge")).cpu(), torch.full((2,), 2.0))
+    with torch.forge.stream(side):
+        torch.ops.opforge.scatter_add(src, bad, 2, 0)
+    with pytest.raises(RuntimeError, match="an asynchronous task failed"):
+        torch.ones(1, device="forge").cpu()  # a blocking copy on the default stream
+

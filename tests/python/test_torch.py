@@ -353,6 +353,39 @@ def test_cpp_autograd_edges_follow_the_declaration():
         gv.sum().backward()
 
 
+def test_second_derivatives_raise_instead_of_dropping_terms():
+    """A backward op has no backward op: its node must still be on the graph (edges to its
+    inputs), so a second derivative raises rather than treating the first as a constant."""
+    x = torch.tensor([0.5, -1.0], dtype=torch.float64, requires_grad=True)
+    (g,) = torch.autograd.grad(ot.gelu(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match=re.escape("gelu_backward() is not differentiable")):
+        torch.autograd.grad(g.sum() + x.sum(), x)
+    with pytest.raises(RuntimeError, match="is not differentiable"):
+        torch.autograd.gradgradcheck(lambda v: ot.rms_norm(v, torch.ones(2, dtype=torch.float64)), (x[None],))
+
+
+@pytest.mark.parametrize("transform", ["jvp", "jacfwd", "hessian", "dual"])
+def test_forward_mode_ad_is_refused(transform):
+    """Forward-mode AD would drop the tangents below the op (zeros, silently): an error instead."""
+    x, t = torch.tensor([0.5, -1.0], dtype=torch.float64), torch.ones(2, dtype=torch.float64)
+    run = {
+        "jvp": lambda: torch.func.jvp(ot.gelu, (x,), (t,)),
+        "jacfwd": lambda: torch.func.jacfwd(ot.add_one)(x),
+        "hessian": lambda: torch.func.hessian(lambda v: ot.gelu(v).sum())(x),
+        "dual": lambda: dual_gelu(x, t),
+    }[transform]
+    refused = r"\(\): forward-mode AD \(jvp, jacfwd, dual tensors\) is not supported"
+    with pytest.raises(NotImplementedError, match=refused):
+        run()
+
+
+def dual_gelu(x, t):
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        return ot.gelu(fwAD.make_dual(x, t))
+
+
 def test_python_autograd_fallback_in_a_subprocess():
     """OPFORGE_TORCH_NATIVE=0: the rules registered in Python (what a torch other than the
     build's gets) give the same gradients (also through an op with a saving forward) and typed
