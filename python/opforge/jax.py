@@ -174,7 +174,7 @@ def _zero_cotangent(x):
     return np.zeros(x.shape, dtype=jax.dtypes.float0)
 
 
-def _not_differentiable(name: str, prim):
+def _not_differentiable(name: str, prim, why: str = "its declaration names no backward op"):
     """prim, raising the op's own error (torch's wording) when JAX differentiates through it,
     forward or reverse; JAX's would not name the op. (A custom_jvp, not a custom_vjp: JAX would
     skip a vjp rule behind integer results, quantize's, and return zeros.)"""
@@ -184,7 +184,7 @@ def _not_differentiable(name: str, prim):
 
     @f.defjvp
     def jvp(primals, tangents):
-        raise RuntimeError(f"{name}() is not differentiable: its declaration names no backward op")
+        raise RuntimeError(f"{name}() is not differentiable: {why}")
 
     return f
 
@@ -210,9 +210,16 @@ def _differentiable(name: str, names: tuple[str, ...], attr_items: tuple):
     def f(*present):
         return prim(*present)
 
+    # What the forward rule runs: differentiating it again (a second derivative, or forward
+    # mode over this rule) has no rule to follow: the op's error, not the FFI call's.
+    twice = (f"a second derivative or forward-mode AD would differentiate {backward_name}(), "
+             "which has no backward op")
+    first = _not_differentiable(name, prim, twice)
+    saving = saving and _not_differentiable(name, saving, twice)
+
     def fwd(*present):
         if saving is None:
-            out, saved = prim(*present), ()
+            out, saved = first(*present), ()
         else:
             out, *saved = saving(*present)
         return out, (present, out, tuple(saved))

@@ -238,6 +238,17 @@ def test_grad_through_an_op_without_backward_names_it(fn):
     jax.jit(jax.vmap(fn))(x[None])  # undifferentiated: fine
 
 
+@pytest.mark.parametrize("transform", ["grad_of_grad", "hessian"])
+def test_second_derivatives_name_the_op(transform):
+    """Backward ops have no backward op: differentiating a gradient raises opforge's error (XLA's
+    would name only its FFI target), whichever rule JAX differentiates first."""
+    x = jnp.array([0.5, -1.0])
+    run = {"grad_of_grad": lambda: jax.grad(lambda v: jax.grad(lambda u: oj.gelu(u).sum())(v).sum())(x),
+           "hessian": lambda: jax.hessian(lambda v: oj.add_one(v).sum())(x)}[transform]
+    with pytest.raises(RuntimeError, match=r"(gelu|add_one)(_backward)?\(\) is not differentiable"):
+        run()
+
+
 def test_attributes_are_static_values():
     """An attribute may be any scalar float()/operator.index() takes, NumPy's and concrete JAX
     ones too, but not a value traced under jit (an FFI call's attributes are compile-time
