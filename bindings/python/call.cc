@@ -132,13 +132,11 @@ PreparedCall prepare_call(const OpDef& op, const nb::args& args, const nb::kwarg
           nb::cast<bool>(nb::module_::import_("torch").attr("is_grad_enabled")()))
         fail(ErrorKind::type, op.name(), "(): '", spec.name,
              "' is a torch tensor that requires grad; call .detach() first, or use torch.ops.opforge for autograd");
-      // to_dlpack exports the memory without the lazy negation or conjugation these bits stand for.
+      // to_dlpack exports the memory without the lazy negation this bit stands for. (The
+      // conjugate bit exists only on complex tensors, which the dtype check refuses.)
       if (nb::cast<bool>(value.attr("is_neg")()))
         fail(ErrorKind::type, op.name(), "(): '", spec.name,
              "' is a torch tensor with its negative bit set (a lazy negation); call .resolve_neg() first");
-      if (nb::cast<bool>(value.attr("is_conj")()))
-        fail(ErrorKind::type, op.name(), "(): '", spec.name,
-             "' is a torch tensor with its conjugate bit set; call .resolve_conj() first");
     }
     call.arrays.emplace_back();
     if (!import_array(value, call.arrays.back())) {
