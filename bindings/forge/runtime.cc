@@ -394,9 +394,10 @@ void raise_pending_error(int device) {
 }
 
 void Stream::enqueue(std::function<void()> task) {
-  release_finished();
+  std::vector<std::function<void()>> done;  // finished tasks, destroyed here (release_finished)
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    done.swap(finished_tasks_);
     queue_.push_back(std::move(task));
     ++submitted_;
   }
