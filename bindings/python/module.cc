@@ -4,6 +4,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/variant.h>
 
 #include "call.h"
 #include "opforge/dispatch.h"
@@ -129,6 +130,16 @@ NB_MODULE(_core, m) {
            },
            nb::arg("tensors"), nb::arg("attrs"),
            "Result (shape, dtype) pairs from per-tensor (shape, dtype[, (device type, index)]) or None, and attributes.")
+      .def("attr",
+           [](const PyOp& self, const std::string& name, nb::handle value) {
+             const auto& args = self.op->schema().args;
+             const int64_t i = self.op->schema().arg_index(name);
+             if (i < 0 || args[i].is_tensor())
+               fail(ErrorKind::value, self.op->name(), "() has no attribute argument '", name, "'");
+             return python::attr_from_python(*self.op, args[i], value);
+           },
+           nb::arg("name"), nb::arg("value").none(),
+           "Attribute `name` as the plain value the op takes (float, int, bool or str), checked as a call checks it.")
       .def_prop_ro("name", [](const PyOp& self) { return self.op->name(); })
       .def_prop_ro("schema", [](const PyOp& self) { return self.op->schema().text; })
       .def_prop_ro("doc", [](const PyOp& self) { return self.op->doc(); })

@@ -12,7 +12,6 @@ arguments take the batch as one more leading dimension (one call), others run a
 from __future__ import annotations
 
 import functools
-import operator
 
 import jax
 import jax.numpy as jnp
@@ -81,37 +80,18 @@ class _Op:
             if t is not None and not (hasattr(t, "shape") and hasattr(t, "dtype")):
                 raise TypeError(f"{self.name}(): '{name}' must be an array, got {type(t).__name__}")
             tensors.append(t)
-        attrs = {name: _static_attr(self.name, name, kind, values[name]) for name, kind in self.attr_kinds.items()}
+        attrs = {name: _static_attr(self.core, name, kind, values[name]) for name, kind in self.attr_kinds.items()}
         return tensors, attrs
 
 
-_EXPECTED = {"float": "a float", "int": "an int", "bool": "a bool", "str": "a str"}
-
-
-def _static_attr(op: str, name: str, kind: str, value):
-    """An attribute as the plain Python value it stands for. Attributes are constants of the
-    custom call, fixed when tracing (and the key of the traced-call cache, so 2.0 must not pass
-    for an int because it hashes like 2); the C++ declaration checks their ranges next."""
-    if kind == "str" and isinstance(value, str):
-        if not value.isascii():
-            try:
-                value.encode()
-            except UnicodeEncodeError:
-                raise ValueError(f"{op}(): '{name}' is not valid Unicode text (it has a lone surrogate)") from None
-        return value
-    if kind == "bool" and isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if kind in ("float", "int") and not isinstance(value, (bool, np.bool_)):
-        try:
-            return float(value) if kind == "float" else operator.index(value)  # NumPy, concrete JAX scalars
-        except jax.errors.ConcretizationTypeError:
-            raise TypeError(f"{op}(): '{name}' must be {_EXPECTED[kind]} known when tracing (attributes are "
-                            "static), got a traced value") from None
-        except OverflowError:
-            raise ValueError(f"{op}(): '{name}' is out of the {kind} range") from None
-        except (TypeError, ValueError):
-            pass
-    raise TypeError(f"{op}(): '{name}' must be {_EXPECTED[kind]}, got {type(value).__name__}")
+def _static_attr(op: _core.Op, name: str, kind: str, value):
+    """An attribute as the plain Python value it stands for, checked by the C++ call path's own
+    rules (NumPy and concrete JAX scalars pass, 2.0 is no int, ranges). Attributes are constants
+    of the custom call, fixed when tracing, and the key of the traced-call cache."""
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(f"{op.name}(): '{name}' must be {'an' if kind == 'int' else 'a'} {kind} known when tracing "
+                        "(attributes are static), got a traced value")
+    return op.attr(name, value)
 
 
 @functools.lru_cache(maxsize=None)
