@@ -2,6 +2,7 @@
 torch.compile (AOTAutograd's compiled backward), jax.jit(vjp) and the memory bandwidth.
 
     python bench/bench_backward.py [--ops rms_norm,softmax] [--sizes large,l2] [--no-compile] [--rounds 3]
+                                   [--frozen x | --frozen weight,bias]
 
 One step is what a training loop runs per op: the forward on fresh inputs, then the gradients
 of every differentiable input (the op's declaration names them) for a given cotangent. opforge
@@ -13,12 +14,18 @@ compiles them as two graphs).
 Sizes and dtype as bench_ops.py (float32; large = 4096x4096 per input, l2 = 64x1024). The
 traffic of a step is counted once for every implementation, as opforge's two ops move it:
 forward (inputs + result) plus backward op (its tensor arguments: cotangent, saved inputs or
-result; and the gradients it writes; not a saving forward's extra results: only linear_act
-has one, and it is measured in flops; nothing where the gradients are the cotangent itself,
-add_one's: torch's autograd runs no kernel there either); GB/s and % of the STREAM bandwidth measured in the same
-run follow from it. linear_act is compute-bound: 3 products (2 m n k flops each), in GFLOP/s
+result; and the gradients it writes, those its output_mask asks for; not a saving forward's
+extra results: only linear_act has one, and it is measured in flops; nothing where the
+gradients are the cotangent itself, add_one's: torch's autograd runs no kernel there either);
+GB/s and % of the STREAM bandwidth measured in the same run follow from it. linear_act is compute-bound: 3 products (2 m n k flops each), in GFLOP/s
 and % of torch's float32 mm rate. Speedups are their time / ours (> 1: opforge faster). Writes
 bench/results/backward_cpu.csv and backward_cpu.png.
+
+--frozen names inputs that want no gradient (every implementation is asked for the others
+only): `x` is a network's first layer, `weight,bias` a frozen layer under fine-tuning. opforge's
+backward op then computes only the wanted gradients (its output_mask), as torch's autograd does;
+a linear_act step counts one product per wanted grad_x or grad_weight. Writes
+backward_cpu_frozen_<names>.csv and .png (names joined by _).
 """
 
 from __future__ import annotations
@@ -52,12 +59,13 @@ def step_bytes(name, backward_name, t_args, out, diff):
     forward = sum(nbytes(t) for t in t_args) + nbytes(out)
     tensor_names = [a["name"] for a in opforge._core.op(name).args if a["kind"].startswith("Tensor")]
     identity = set(opforge._core.op(name).identity_gradient)
-    if all(tensor_names[i] in identity and t_args[i].shape == out.shape for i in diff):
+    computed = [i for i in diff if not (tensor_names[i] in identity and t_args[i].shape == out.shape)]
+    if not computed:
         return forward
     named = dict(zip((a["name"] for a in opforge._core.op(name).args), t_args))
     named["grad"] = named["result"] = out
     backward = sum(nbytes(named[a["name"]]) for a in opforge._core.op(backward_name).args if a["name"] in named)
-    return forward + backward + sum(nbytes(t_args[i]) for i in diff)
+    return forward + backward + sum(nbytes(t_args[i]) for i in computed)  # the output_mask's gradients only
 
 
 def torch_step(forward, args, positions):
@@ -122,7 +130,7 @@ def trainable_ops():
     return names
 
 
-def run(ops, sizes, repeats, compile_torch, threads, rounds=1):
+def run(ops, sizes, repeats, compile_torch, threads, rounds=1, frozen=()):
     import opforge
 
     opforge.set_num_threads(threads)
@@ -132,22 +140,34 @@ def run(ops, sizes, repeats, compile_torch, threads, rounds=1):
     for name in ops:
         ref = importlib.import_module(f"opforge.references.{name}")
         positions, backward_name = differentiable_positions(name)
+        tensors = [a["name"] for a in opforge._core.op(name).args if a["kind"].startswith("Tensor")]
+        positions = [i for i in positions if tensors[i] not in frozen]
+        if not positions:
+            print(f"{name}: every differentiable input is frozen; skipped")
+            continue
         for size in sizes:
             r, c = SIZES[size]
             arrays, attrs, t_args, j_args = common.sample_inputs(ref, rng, r, c)
             out = getattr(opforge.torch, name)(*t_args, **attrs)
             nbytes = step_bytes(name, backward_name, t_args, out, positions)
-            flops = 3 * ref.flops(arrays) if hasattr(ref, "flops") else None  # forward + both products of backward
+            # forward + the backward products wanted: grad_x = g @ weight, grad_weight = g^T @ x
+            products = 1 + sum(tensors[i] in ("x", "weight") for i in positions)
+            flops = products * ref.flops(arrays) if hasattr(ref, "flops") else None
             impls = implementations(name, size, ref, attrs, positions, t_args, j_args, compile_torch)
             cases.append((name, size, r, c, nbytes, flops, impls))
     return common.sweep(cases, threads, repeats, rounds)
 
 
 def main(argv=None):
-    args = common.sweep_arguments(__doc__, trainable_ops()).parse_args(argv)
+    parser = common.sweep_arguments(__doc__, trainable_ops())
+    parser.add_argument("--frozen", default="", help="inputs that want no gradient, e.g. x or weight,bias")
+    args = parser.parse_args(argv)
+    frozen = [n for n in args.frozen.split(",") if n]
     rows, peak = run(args.ops.split(","), args.sizes.split(","), args.repeats, not args.no_compile, args.threads,
-                     args.rounds)
-    common.report(rows, peak, "backward_cpu", "forward + backward step (float32, CPU)", "GB/s (step traffic)")
+                     args.rounds, frozen)
+    name = "backward_cpu" + (f"_frozen_{'_'.join(frozen)}" if frozen else "")
+    title = "forward + backward step (float32, CPU)" + (f", frozen {', '.join(frozen)}" if frozen else "")
+    common.report(rows, peak, name, title, "GB/s (step traffic)")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,15 @@ OpDef::OpDef(std::string_view schema) : schema_(Schema::parse(schema)) {
   for (const auto& arg : schema_.args) slot_of_arg_.push_back(arg.is_tensor() ? tensors++ : attrs++);
   constraints_.resize(tensors);
   if (tensors == 0) dispatch_slot_ = -1;
+  const int64_t mask = schema_.arg_index("output_mask");
+  if (mask >= 0) {
+    const ArgSpec& arg = schema_.args[mask];
+    const auto* fallback = arg.default_value ? std::get_if<int64_t>(&*arg.default_value) : nullptr;
+    if (arg.kind != ArgKind::int_ || !fallback || *fallback != -1)
+      fail(ErrorKind::value, name(),
+           "(): 'output_mask' must be declared 'int output_mask=-1' (every result by default)");
+    output_mask_slot_ = slot_of_arg_[mask];
+  }
 }
 
 int64_t OpDef::tensor_slot(std::string_view arg) const {

@@ -110,10 +110,10 @@ static void check_backward_unlocked(const OpDef& op, std::vector<std::string>& e
   }
   const auto& saved = op.saved();
   for (const auto& arg : bwd->schema().args)
-    if (arg.name != "grad" && arg.name != "result" && op.schema().arg_index(arg.name) < 0 &&
-        std::find(saved.begin(), saved.end(), arg.name) == saved.end())
+    if (arg.name != "grad" && arg.name != "result" && arg.name != "output_mask" &&
+        op.schema().arg_index(arg.name) < 0 && std::find(saved.begin(), saved.end(), arg.name) == saved.end())
       errors.push_back(str("op '", op.name(), "': backward op '", bwd->name(), "' takes '", arg.name,
-                           "', which is neither 'grad', 'result', an argument of '", op.name(),
+                           "', which is neither 'grad', 'result', 'output_mask', an argument of '", op.name(),
                            "' nor a result its saving forward saves"));
   for (const auto& name : op.identity_inputs())
     if (std::find(op.differentiable().begin(), op.differentiable().end(), name) == op.differentiable().end())

@@ -48,6 +48,18 @@ void check_size(const ShapeContext& ctx, const OutputSpec& out, size_t index, si
            "), 2^63 bytes or more");
 }
 
+// OpDef::output_mask_slot: the results not asked for become empty, shape [0] (after the shape
+// rule, which still checks every argument).
+void apply_output_mask(const ShapeContext& ctx, int64_t mask, Outputs& outputs) {
+  if (mask == -1) return;
+  const int64_t n = static_cast<int64_t>(outputs.size());
+  if (mask < 0 || mask >= (int64_t{1} << n))
+    ctx.fail(ErrorKind::value, "'output_mask' must be -1 (every result) or a bit mask of its ", n,
+             " results in [0, ", (int64_t{1} << n) - 1, "], got ", mask);
+  for (int64_t r = 0; r < n; ++r)
+    if (!(mask >> r & 1)) outputs[r].shape = {0};
+}
+
 }  // namespace
 
 Device device_of(const OpInputs& inputs) {
@@ -87,6 +99,8 @@ Outputs infer_outputs(const OpDef& op, const OpInputs& inputs) {
   OPFORGE_CHECK(static_cast<int64_t>(outputs.size()) == schema.num_results, op.name(),
                 "'s shape rule returned ", outputs.size(), " results, schema says ", schema.num_results);
   for (size_t r = 0; r < outputs.size(); ++r) check_size(ctx, outputs[r], r, outputs.size());
+  if (op.output_mask_slot() >= 0)
+    apply_output_mask(ctx, std::get<int64_t>(inputs.attrs[op.output_mask_slot()]), outputs);
   return outputs;
 }
 

@@ -12,7 +12,8 @@
 //   torch's dispatcher, its arguments bound by name ("grad", "result", a saved result's name,
 //   or the forward argument of that name), as python/opforge/torch.py and python/opforge/jax.py do.
 //   Gradients declared as the cotangent itself (OpDef::identity_gradient) are handed through
-//   where the input has the result's shape, and the backward op runs only if another is wanted.
+//   where the input has the result's shape, and the backward op runs only if another is wanted,
+//   asked (OpDef::output_mask_slot) for the wanted ones only.
 // Errors that opforge raised below (which the stable ABI turns into plain c10::Error) leave
 // here as c10::TypeError / ValueError / NotImplementedError, so Python sees their real type.
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -50,7 +51,7 @@ using torch::autograd::variable_list;
 
 // Where one argument of the backward op comes from.
 struct Source {
-  enum Kind { grad, result, forward_arg, saved_result, schema_default } kind;
+  enum Kind { grad, result, forward_arg, saved_result, schema_default, output_mask } kind;
   size_t index = 0;  // forward_arg: among the forward op's schema arguments; saved_result: among its saved
 };
 
@@ -175,6 +176,14 @@ class OpforgeBackward final : public torch::autograd::Node {
     for (size_t i = 0; i < plan.num_args; ++i) forward[i] = inputs_[i];
     for (const auto& [i, saved] : tensors_) forward[i] = saved.unpack(owning_pointer<torch::autograd::Node>(this));
 
+    // The backward op's results autograd wants (OpDef::output_mask_slot): not a gradient that is
+    // the cotangent, nor one of an input needing none (the first layer's x, a frozen weight).
+    int64_t mask = 0;
+    for (size_t r = 0; r < plan.gradient_of.size(); ++r) {
+      const size_t i = plan.gradient_of[r];
+      if (!passes_[i] && task_should_compute_output(static_cast<size_t>(edge_of_arg[i]))) mask |= int64_t{1} << r;
+    }
+
     const auto& schema = plan.backward_op->schema();
     torch::jit::Stack stack;
     stack.reserve(schema.arguments().size());
@@ -188,6 +197,7 @@ class OpforgeBackward final : public torch::autograd::Node {
           stack.emplace_back(extra_[source.index].unpack(owning_pointer<torch::autograd::Node>(this)));
           break;
         case Source::schema_default: stack.emplace_back(*schema.arguments()[a].default_value()); break;
+        case Source::output_mask: stack.emplace_back(mask); break;
       }
     }
     try {
@@ -328,6 +338,8 @@ std::shared_ptr<Plan> make_plan(const OpDef& op) {
   }
   for (const std::string& name : op.identity_inputs()) plan->identity[op.schema().arg_index(name)] = true;
   plan->backward_op = c10::Dispatcher::singleton().findSchemaOrThrow(("opforge::" + op.backward_op()).c_str(), "");
+  const OpDef* bwd_def = lookup_op(op.backward_op());
+  TORCH_CHECK(bwd_def, op.name(), "(): backward op '", op.backward_op(), "' is not registered with opforge");
   const std::vector<std::string>& saved = op.saved();
   if (!op.saving_op().empty()) {
     plan->saving_op = c10::Dispatcher::singleton().findSchemaOrThrow(("opforge::" + op.saving_op()).c_str(), "");
@@ -338,6 +350,8 @@ std::shared_ptr<Plan> make_plan(const OpDef& op) {
     const auto saved_at = std::find(saved.begin(), saved.end(), arg.name());
     if (arg.name() == "grad") {
       plan->backward_args.push_back({Source::grad});
+    } else if (arg.name() == "output_mask" && bwd_def->output_mask_slot() >= 0) {
+      plan->backward_args.push_back({Source::output_mask});
     } else if (arg.name() == "result") {
       plan->backward_args.push_back({Source::result});
       plan->saves_result = true;

@@ -126,6 +126,13 @@ class OpDef {
   // the adapters hand the cotangent through, as torch's own autograd does for x + y, and run
   // the backward op only for the gradients that still need it (a broadcast operand's sum).
   OpDef& identity_gradient(std::vector<std::string> inputs);
+  // A backward op whose schema ends in `int output_mask=-1` computes only the results whose bit
+  // is set (bit i: result i); the others come back empty, shape [0], and its kernels skip them
+  // (kernels skip empty results anyway). Adapters set it to the gradients autograd wants, as
+  // torch's own backward functions take `bool[] output_mask`: the first layer of a network
+  // needs no grad_x, a frozen weight no grad_weight, an operand the cotangent itself no sum.
+  // -1 (the default, for direct calls) computes every result.
+  int64_t output_mask_slot() const { return output_mask_slot_; }
   // The op works independently on every index of the leading dimensions of `args` (which
   // broadcast against each other), so a batch axis can be one more leading dimension: one
   // call on the batched arrays instead of a loop. Adapters use it for vmap.
@@ -164,6 +171,7 @@ class OpDef {
   std::vector<std::string> saved_;
   std::vector<std::string> identity_inputs_;
   std::vector<std::string> leading_dim_args_;
+  int64_t output_mask_slot_ = -1;  // attribute slot of `int output_mask=-1`, or -1
 };
 
 template <typename... Args>

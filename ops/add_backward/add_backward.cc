@@ -3,11 +3,12 @@
 #include "opforge/registry.h"
 
 OPFORGE_OP(add_backward) {
-  return opforge::OpDef("add_backward(Tensor grad, Tensor x, Tensor y) -> (Tensor, Tensor)")
+  return opforge::OpDef("add_backward(Tensor grad, Tensor x, Tensor y, int output_mask=-1) -> (Tensor, Tensor)")
       .doc("Gradients of add(x, y): grad (the cotangent of add's result) summed over the "
            "broadcast dimensions down to x's shape and to y's shape, in grad's dtype. x and y "
            "only give shapes. Half types accumulate in float32; the sums do not depend on the "
-           "thread count.")
+           "thread count. output_mask: bit 0 for grad_x, bit 1 for grad_y; a result not asked for "
+           "comes back empty (shape [0]), uncomputed.")
       .dtypes("grad", opforge::float_dtypes())
       .shape([](const opforge::ShapeContext& c) {
         const auto& grad = c.tensor("grad");

@@ -1,17 +1,18 @@
 // layer_norm_backward: the gradients of layer_norm(x, weight, bias, eps) for the cotangent
-// grad of its result. bias does not enter any of them, so it is not an argument; its
-// gradient is always computed (it costs one add per element), and the adapters drop it when
-// the forward call had no bias.
+// grad of its result. bias does not enter any of them, so it is not an argument; the adapters
+// leave its gradient out of output_mask when the forward call had no bias.
 #include "opforge/registry.h"
 
 OPFORGE_OP(layer_norm_backward) {
   return opforge::OpDef(
-             "layer_norm_backward(Tensor grad, Tensor x, Tensor weight, float eps=1e-5) -> (Tensor, Tensor, Tensor)")
+             "layer_norm_backward(Tensor grad, Tensor x, Tensor weight, float eps=1e-5, int output_mask=-1) -> "
+             "(Tensor, Tensor, Tensor)")
       .doc("Gradients of layer_norm(x, weight, bias, eps) for the cotangent grad: (grad_x, grad_weight, "
            "grad_bias). With xhat = (x - mean) * rstd and gw = grad * weight: grad_x = rstd * (gw - "
            "mean(gw, -1) - xhat * mean(gw * xhat, -1)), grad_weight = the sum over rows of grad * xhat, "
            "grad_bias = the sum over rows of grad. Half types are computed in float32; the sums over "
-           "rows do not depend on the thread count.")
+           "rows do not depend on the thread count. output_mask: bit 0 for grad_x, 1 for grad_weight, 2 for "
+           "grad_bias; a result not asked for comes back empty (shape [0]), uncomputed.")
       .dtypes("grad", opforge::float_dtypes())
       .same_dtype("x", "grad")
       .same_dtype("weight", "grad")

@@ -34,8 +34,8 @@ using namespace opforge::cpu::HWY_NAMESPACE;
 constexpr int64_t kBlock = 16;  // vectors
 
 // One row: g, x, w and gx are contiguous rows of n elements; pw and pb accumulate the
-// grad_weight and grad_bias partials.
-template <typename T>
+// grad_weight and grad_bias partials (with kPartials: either is wanted, OpDef::output_mask_slot).
+template <typename T, bool kPartials>
 void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT pw, Compute<T>* HWY_RESTRICT pb, const T* HWY_RESTRICT g,
          const T* HWY_RESTRICT x, const T* HWY_RESTRICT w, int64_t n, double eps, bool stream) {
   using C = Compute<T>;
@@ -103,25 +103,32 @@ void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT pw, Compute<T>* HWY_RESTRI
            [&](int64_t k) {
              const auto gv = LoadAs(d, g + k);
              const auto xhat = hn::Mul(hn::Sub(hn::Sub(LoadAs(d, x + k), vbase), vmu2), vrstd);
-             hn::StoreU(hn::MulAdd(gv, xhat, hn::LoadU(d, pw + k)), d, pw + k);
-             hn::StoreU(hn::Add(gv, hn::LoadU(d, pb + k)), d, pb + k);
+             if constexpr (kPartials) {
+               hn::StoreU(hn::MulAdd(gv, xhat, hn::LoadU(d, pw + k)), d, pw + k);
+               hn::StoreU(hn::Add(gv, hn::LoadU(d, pb + k)), d, pb + k);
+             }
              return hn::MulAdd(vrstd, hn::NegMulAdd(xhat, vcoef, hn::Mul(gv, LoadAs(d, w + k))), voffset);
            },
            [&](int64_t k) {
              const C gk = ToCompute(g[k]);
              const C xhat = ((ToCompute(x[k]) - base) - mu) * rstd;
-             pw[k] += gk * xhat;
-             pb[k] += gk;
+             if constexpr (kPartials) {
+               pw[k] += gk * xhat;
+               pb[k] += gk;
+             }
              return rstd * (gk * ToCompute(w[k]) - xhat * xhat_coef) + offset;
            });
 }
 
-template <typename T>
+// Results not asked for (output_mask) are empty: grad_x then goes to a scratch row (the
+// partials need the same per-row statistics), and without grad_weight and grad_bias no
+// partials are kept.
+template <typename T, bool kPartials>
 void Backward(const KernelCall& call) {
   using C = Compute<T>;
   const TensorView& grad = call.tensor("grad");
   const TensorView& x = call.tensor("x");
-  T* gx = call.output(0).data_as<T>();
+  const TensorView& gx_out = call.output(0);
   const double eps = call.attr_float("eps");
   const int64_t n = x.size(-1);
   if (n == 0) return;
@@ -130,26 +137,35 @@ void Backward(const KernelCall& call) {
     for (size_t k : {1, 2}) std::memset(call.output(k).data, 0, static_cast<size_t>(call.output(k).nbytes()));
     return;
   }
+  const bool want_gx = gx_out.numel() > 0;
+  T* gx = gx_out.data_as<T>();
   std::vector<T> weight_copy;
   const T* w = RowOf(call.tensor("weight"), 0, n, weight_copy);
   const int64_t chunks = RowChunks(rows, n);
-  std::vector<C> partial_w(chunks * n, C(0)), partial_b(chunks * n, C(0));
-  const bool stream = StreamsOutput<T>(rows * n);
+  const int64_t partial_size = kPartials ? chunks * n : 0;
+  std::vector<C> partial_w(partial_size, C(0)), partial_b(partial_size, C(0));
+  const bool stream = want_gx && StreamsOutput<T>(rows * n);
   parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> g_buf, x_buf;
-    for (int64_t k = begin; k < end; ++k)
+    std::vector<T> g_buf, x_buf, scratch(want_gx ? 0 : n);
+    for (int64_t k = begin; k < end; ++k) {
+      const int64_t at = kPartials ? k * n : 0;
       for (int64_t r = rows * k / chunks; r < rows * (k + 1) / chunks; ++r)
-        Row(gx + r * n, partial_w.data() + k * n, partial_b.data() + k * n, RowOf(grad, r, n, g_buf),
-            RowOf(x, r, n, x_buf), w, n, eps, stream);
+        Row<T, kPartials>(want_gx ? gx + r * n : scratch.data(), partial_w.data() + at, partial_b.data() + at,
+                          RowOf(grad, r, n, g_buf), RowOf(x, r, n, x_buf), w, n, eps, stream);
+    }
     StreamFence(stream);
   });
-  SumChunks(call.output(1).data_as<T>(), partial_w.data(), chunks, n);
-  SumChunks(call.output(2).data_as<T>(), partial_b.data(), chunks, n);
+  if constexpr (kPartials) {
+    if (call.output(1).numel()) SumChunks(call.output(1).data_as<T>(), partial_w.data(), chunks, n);
+    if (call.output(2).numel()) SumChunks(call.output(2).data_as<T>(), partial_b.data(), chunks, n);
+  }
 }
 
 void Run(const KernelCall& call) {
-  cpu::visit_float(call.tensor("grad").dtype, "layer_norm_backward",
-                   [&](auto tag) { Backward<decltype(tag)>(call); });
+  const bool partials = call.output(1).numel() > 0 || call.output(2).numel() > 0;
+  cpu::visit_float(call.tensor("grad").dtype, "layer_norm_backward", [&](auto tag) {
+    partials ? Backward<decltype(tag), true>(call) : Backward<decltype(tag), false>(call);
+  });
 }
 
 }  // namespace opforge::layer_norm_backward_cpu::HWY_NAMESPACE

@@ -65,6 +65,7 @@ __global__ void rows_kernel(T* gx, cuda::Acc<T>* moments, const T* g, cuda::Inde
       moments[3 * r + 1] = mu;
       moments[3 * r + 2] = rstd;
     }
+    if (!gx) continue;  // grad_x not asked for: the moments are all the partials need
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const A xhat = ((cuda::load(xrow + i * x_step) - base) - mu) * rstd;
       const A gw = cuda::load(grow + i * g_step) * cuda::load(w + i * w_step);
@@ -100,8 +101,8 @@ __global__ void combine_kernel(T* gw, T* gb, const cuda::Acc<T>* partial_w, cons
       sw += partial_w[k * n + i];
       sb += partial_b[k * n + i];
     }
-    cuda::store(gw + i, sw);
-    cuda::store(gb + i, sb);
+    if (gw) cuda::store(gw + i, sw);  // either may not be asked for (nullptr)
+    if (gb) cuda::store(gb + i, sb);
   }
 }
 
@@ -124,8 +125,8 @@ void run(const KernelCall& call) {
   if (n == 0) return;
   const int64_t rows = x.numel() / n;
   if (rows == 0) {  // no rows: grad_weight and grad_bias are empty sums
-    cuda::check_cuda(op, cudaMemsetAsync(gw.data, 0, gw.nbytes(), stream), "cudaMemsetAsync");
-    cuda::check_cuda(op, cudaMemsetAsync(gb.data, 0, gb.nbytes(), stream), "cudaMemsetAsync");
+    if (gw.nbytes()) cuda::check_cuda(op, cudaMemsetAsync(gw.data, 0, gw.nbytes(), stream), "cudaMemsetAsync");
+    if (gb.nbytes()) cuda::check_cuda(op, cudaMemsetAsync(gb.data, 0, gb.nbytes(), stream), "cudaMemsetAsync");
     return;
   }
   const auto g_rows = rows_of(g), x_rows = rows_of(x);
@@ -143,15 +144,20 @@ void run(const KernelCall& call) {
       A* partial_w = workspace + 3 * rows;
       A* partial_b = partial_w + chunks * n;
       const unsigned row_blocks = static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16);
+      // Results not asked for (output_mask) are empty: no grad_x stores, or no partial sums.
       rows_kernel<T><<<row_blocks, kThreads, 0, stream>>>(
-          gx.data_as<T>(), moments, g.data_as<const T>(), g_rows, g.stride(-1), x.data_as<const T>(), x_rows,
+          gx.numel() ? gx.data_as<T>() : nullptr, moments, g.data_as<const T>(), g_rows, g.stride(-1),
+          x.data_as<const T>(), x_rows,
           x.stride(-1), w.data_as<const T>(), w.stride(0), rows, n, call.attr_float("eps"));
-      const dim3 grid(static_cast<unsigned>((n + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
-      partial_kernel<T><<<grid, kThreads, 0, stream>>>(partial_w, partial_b, moments, g.data_as<const T>(), g_rows,
-                                                       g.stride(-1), x.data_as<const T>(), x_rows, x.stride(-1), rows,
-                                                       n, chunks);
-      combine_kernel<T><<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(gw.data_as<T>(), gb.data_as<T>(),
-                                                                                partial_w, partial_b, n, chunks);
+      if (gw.numel() || gb.numel()) {
+        const dim3 grid(static_cast<unsigned>((n + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
+        partial_kernel<T><<<grid, kThreads, 0, stream>>>(partial_w, partial_b, moments, g.data_as<const T>(), g_rows,
+                                                         g.stride(-1), x.data_as<const T>(), x_rows, x.stride(-1),
+                                                         rows, n, chunks);
+        combine_kernel<T><<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(
+            gw.numel() ? gw.data_as<T>() : nullptr, gb.numel() ? gb.data_as<T>() : nullptr, partial_w, partial_b, n,
+            chunks);
+      }
       // First, so a failed launch leaks nothing.
       cuda::check_cuda(op, cudaFreeAsync(workspace, stream), "cudaFreeAsync");
       cuda::check_launch("layer_norm_backward");

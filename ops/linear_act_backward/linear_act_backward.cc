@@ -5,13 +5,14 @@
 OPFORGE_OP(linear_act_backward) {
   return opforge::OpDef(
              "linear_act_backward(Tensor grad, Tensor x, Tensor weight, Tensor? bias=None, Tensor? preact=None, "
-             "str act='none') -> (Tensor, Tensor, Tensor)")
+             "str act='none', int output_mask=-1) -> (Tensor, Tensor, Tensor)")
       .doc("Gradients of linear_act(x, weight, bias, act) for the cotangent grad [..., n]: (grad_x, "
            "grad_weight, grad_bias). With z = x @ weight^T + bias (preact, as linear_act_with_preact saved it, "
            "or recomputed when preact is None) and g = grad * act'(z): grad_x = g @ weight, grad_weight = "
            "g^T @ x over all leading dims, grad_bias = the sum of g over them. grad_bias has shape [n] also "
-           "without a bias (the adapters drop it). Half types are computed in float32; results do not depend "
-           "on the thread count.")
+           "without a bias. output_mask: bit 0 for grad_x, 1 for grad_weight, 2 for grad_bias; a result not "
+           "asked for comes back empty (shape [0]), uncomputed (the adapters ask for the gradients autograd "
+           "wants). Half types are computed in float32; results do not depend on the thread count.")
       .dtypes("grad", opforge::float_dtypes())
       .same_dtype("x", "grad")
       .same_dtype("weight", "grad")

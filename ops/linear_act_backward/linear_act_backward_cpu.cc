@@ -97,11 +97,17 @@ void Run(const KernelCall& call) {
       }
     });
 
-    const BiasAct<T, Identity> grad_x(call.output(0).data_as<T>(), k, nullptr, Identity{});
-    Matmul(Operand<C>{g.get(), m, n, 1}, Operand<T>{wb.data, k, wb.ps, wb.rs}, n, grad_x);
-    const BiasAct<T, Identity> grad_w(call.output(1).data_as<T>(), k, nullptr, Identity{});
-    Matmul(Operand<C>{g.get(), n, 1, n}, Operand<T>{xa.data, k, xa.ps, xa.rs}, m, grad_w);
-    SumRows(g.get(), m, n, call.output(2).data_as<T>());
+    // Only the results asked for (output_mask; the others are empty): the first layer needs
+    // no grad_x, a frozen weight no grad_weight, each a third of the work.
+    if (call.output(0).numel()) {
+      const BiasAct<T, Identity> grad_x(call.output(0).data_as<T>(), k, nullptr, Identity{});
+      Matmul(Operand<C>{g.get(), m, n, 1}, Operand<T>{wb.data, k, wb.ps, wb.rs}, n, grad_x);
+    }
+    if (call.output(1).numel()) {
+      const BiasAct<T, Identity> grad_w(call.output(1).data_as<T>(), k, nullptr, Identity{});
+      Matmul(Operand<C>{g.get(), n, 1, n}, Operand<T>{xa.data, k, xa.ps, xa.rs}, m, grad_w);
+    }
+    if (call.output(2).numel()) SumRows(g.get(), m, n, call.output(2).data_as<T>());
   });
 }
 

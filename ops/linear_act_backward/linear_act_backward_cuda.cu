@@ -81,16 +81,21 @@ void run(const KernelCall& call) {
                                                  act_grad};
         gemm<A>(op, m, n, k, xa, matrix(op, w.data_as<const T>(), n, w.stride(0), k, w.stride(1)), epi, stream);
       });
-      if (k > 0) {
+      // Only the results asked for (output_mask; the others are empty, k == 0 makes both empty).
+      if (call.output(0).numel()) {
         const BiasAct<T, Identity> gx{call.output(0).data_as<T>(), k, nullptr, 0, Identity{}};
         const Mat<T> w_t = matrix(op, w.data_as<const T>(), k, w.stride(1), n, w.stride(0));
         gemm<A>(op, m, k, n, matrix<A>(op, g, m, n, n, 1), w_t, gx, stream);
+      }
+      if (call.output(1).numel()) {
         const BiasAct<T, Identity> gw{call.output(1).data_as<T>(), k, nullptr, 0, Identity{}};
         gemm<A>(op, n, k, m, matrix<A>(op, g, n, 1, m, n), Mat<T>{x.data_as<const T>(), x_cols, x_rows}, gw, stream);
       }
       // grad_bias: g's columns summed (opforge/cuda/sum_to_shape.cuh: chunks of rows, then in order).
-      const cuda::GradTerms<A> columns{g, cuda::make_indexer(op, {n}, {1}), cuda::make_indexer(op, {m}, {n})};
-      cuda::sum_to_shape(op, call.output(2).data_as<T>(), columns, n, m, /*inner_kept=*/true, stream);
+      if (call.output(2).numel()) {
+        const cuda::GradTerms<A> columns{g, cuda::make_indexer(op, {n}, {1}), cuda::make_indexer(op, {m}, {n})};
+        cuda::sum_to_shape(op, call.output(2).data_as<T>(), columns, n, m, /*inner_kept=*/true, stream);
+      }
     } catch (...) {  // a failed launch (gemm checks each of its own) must not leak the workspace
       cudaFreeAsync(g, stream);
       throw;

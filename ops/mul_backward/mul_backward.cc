@@ -4,10 +4,11 @@
 #include "opforge/registry.h"
 
 OPFORGE_OP(mul_backward) {
-  return opforge::OpDef("mul_backward(Tensor grad, Tensor x, Tensor y) -> (Tensor, Tensor)")
+  return opforge::OpDef("mul_backward(Tensor grad, Tensor x, Tensor y, int output_mask=-1) -> (Tensor, Tensor)")
       .doc("Gradients of mul(x, y) for the cotangent grad of its result: (grad * y summed down to "
            "x's shape, grad * x summed down to y's shape). Half types multiply and accumulate in "
-           "float32; the sums do not depend on the thread count.")
+           "float32; the sums do not depend on the thread count. output_mask: bit 0 for grad_x, bit 1 for "
+           "grad_y; a result not asked for comes back empty (shape [0]), uncomputed.")
       .dtypes("grad", opforge::float_dtypes())
       .same_dtype("x", "grad")
       .same_dtype("y", "grad")

@@ -49,16 +49,19 @@ void Run(const KernelCall& call) {
     const T* g = grad.data_as<const T>();
     const T* xp = x.data_as<const T>();
     const T* yp = y.data_as<const T>();
-    if (x.shape == grad.shape && y.shape == grad.shape) {
-      T* gx = call.output(0).data_as<T>();
-      T* gy = call.output(1).data_as<T>();
+    const TensorView &gx_out = call.output(0), &gy_out = call.output(1);
+    // Both wanted (output_mask) and no broadcast: one pass for the two. Otherwise each wanted
+    // gradient on its own (an empty one, not asked for, is skipped).
+    if (x.shape == grad.shape && y.shape == grad.shape && gx_out.numel() > 0 && gy_out.numel() > 0) {
+      T* gx = gx_out.data_as<T>();
+      T* gy = gy_out.data_as<T>();
       const auto dense = contiguous_strides(grad.shape);
       cpu::for_each_row<5>(grad.shape, {dense, dense, grad.strides, x.strides, y.strides}, 1 << 15,
                            [&](const cpu::Row<5>& r) { BothRow(r, gx, gy, g, xp, yp); });
       return;
     }
-    SumToShape<T, 2>(call.output(0), grad.shape, {g, yp}, {grad.strides, broadcast_strides(y, grad.shape)});
-    SumToShape<T, 2>(call.output(1), grad.shape, {g, xp}, {grad.strides, broadcast_strides(x, grad.shape)});
+    SumToShape<T, 2>(gx_out, grad.shape, {g, yp}, {grad.strides, broadcast_strides(y, grad.shape)});
+    SumToShape<T, 2>(gy_out, grad.shape, {g, xp}, {grad.strides, broadcast_strides(x, grad.shape)});
   });
 }
 

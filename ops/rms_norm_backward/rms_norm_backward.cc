@@ -3,11 +3,14 @@
 #include "opforge/registry.h"
 
 OPFORGE_OP(rms_norm_backward) {
-  return opforge::OpDef("rms_norm_backward(Tensor grad, Tensor x, Tensor weight, float eps=1e-6) -> (Tensor, Tensor)")
+  return opforge::OpDef(
+             "rms_norm_backward(Tensor grad, Tensor x, Tensor weight, float eps=1e-6, int output_mask=-1) -> "
+             "(Tensor, Tensor)")
       .doc("Gradients of rms_norm(x, weight, eps) for the cotangent grad: (grad_x, grad_weight), "
            "grad_x = inv * (grad * weight - x * inv^2 * mean(grad * weight * x, -1)) and "
            "grad_weight = the sum over rows of grad * x * inv. Half types are computed in float32; "
-           "grad_weight does not depend on the thread count.")
+           "grad_weight does not depend on the thread count. output_mask: bit 0 for grad_x, 1 for grad_weight; a "
+           "result not asked for comes back empty (shape [0]), uncomputed.")
       .dtypes("grad", opforge::float_dtypes())
       .same_dtype("x", "grad")
       .same_dtype("weight", "grad")

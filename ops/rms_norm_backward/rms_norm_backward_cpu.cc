@@ -25,10 +25,11 @@ namespace opforge::rms_norm_backward_cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using namespace opforge::cpu::HWY_NAMESPACE;
 
-// One row: g, x, w and gx are contiguous rows of n elements; gw accumulates grad_weight.
-// next_g, next_x: the next row's (or nullptr), prefetched during the second pass, which reads
-// this row from cache, so their reads from memory overlap its arithmetic and stores.
-template <typename T>
+// One row: g, x, w and gx are contiguous rows of n elements; gw accumulates grad_weight (with
+// kWeight: grad_weight is wanted, OpDef::output_mask_slot). next_g, next_x: the next row's (or
+// nullptr), prefetched during the second pass, which reads this row from cache, so their reads
+// from memory overlap its arithmetic and stores.
+template <typename T, bool kWeight>
 void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT gw, const T* HWY_RESTRICT g, const T* HWY_RESTRICT x,
          const T* HWY_RESTRICT w, int64_t n, double eps, bool stream, const T* next_g, const T* next_x) {
   using C = Compute<T>;
@@ -65,23 +66,25 @@ void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT gw, const T* HWY_RESTRICT 
   WriteRow(gx, n, stream,
            [&](int64_t k) {
              const auto gv = LoadAs(d, g + k), xv = LoadAs(d, x + k);
-             hn::StoreU(hn::MulAdd(hn::Mul(gv, xv), vinv, hn::LoadU(d, gw + k)), d, gw + k);
+             if constexpr (kWeight) hn::StoreU(hn::MulAdd(hn::Mul(gv, xv), vinv, hn::LoadU(d, gw + k)), d, gw + k);
              return hn::Mul(vinv, hn::NegMulAdd(xv, vcoef, hn::Mul(gv, LoadAs(d, w + k))));
            },
            [&](int64_t k) {
              const C gk = ToCompute(g[k]), xk = ToCompute(x[k]);
-             gw[k] = std::fma(gk * xk, inv, gw[k]);
+             if constexpr (kWeight) gw[k] = std::fma(gk * xk, inv, gw[k]);
              return inv * std::fma(-xk, coef, gk * ToCompute(w[k]));
            });
 }
 
-template <typename T>
+// Results not asked for (output_mask) are empty: grad_x then goes to a scratch row (grad_weight
+// needs the same per-row sums), and without grad_weight no partials are kept.
+template <typename T, bool kWeight>
 void Backward(const KernelCall& call) {
   using C = Compute<T>;
   const TensorView& grad = call.tensor("grad");
   const TensorView& x = call.tensor("x");
   const TensorView& weight = call.tensor("weight");
-  T* gx = call.output(0).data_as<T>();
+  const TensorView& gx_out = call.output(0);
   const TensorView& gw_out = call.output(1);
   const double eps = call.attr_float("eps");
   const int64_t n = x.size(-1);
@@ -91,26 +94,32 @@ void Backward(const KernelCall& call) {
     std::memset(gw_out.data, 0, static_cast<size_t>(gw_out.nbytes()));
     return;
   }
+  const bool want_gx = gx_out.numel() > 0;
+  T* gx = gx_out.data_as<T>();
   std::vector<T> weight_copy;
   const T* w = RowOf(weight, 0, n, weight_copy);
   const int64_t chunks = RowChunks(rows, n);
-  std::vector<C> partial(chunks * n, C(0));
-  const bool stream = StreamsOutput<T>(rows * n);
+  std::vector<C> partial(kWeight ? chunks * n : 0, C(0));
+  const bool stream = want_gx && StreamsOutput<T>(rows * n);
   parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> g_buf, x_buf;
+    std::vector<T> g_buf, x_buf, scratch(want_gx ? 0 : n);
     for (int64_t k = begin; k < end; ++k) {
       const int64_t last = rows * (k + 1) / chunks;
       for (int64_t r = rows * k / chunks; r < last; ++r)
-        Row(gx + r * n, partial.data() + k * n, RowOf(grad, r, n, g_buf), RowOf(x, r, n, x_buf), w, n, eps, stream,
-            NextRowOf<T>(grad, r, last, n), NextRowOf<T>(x, r, last, n));
+        Row<T, kWeight>(want_gx ? gx + r * n : scratch.data(), partial.data() + (kWeight ? k * n : 0),
+                        RowOf(grad, r, n, g_buf), RowOf(x, r, n, x_buf), w, n, eps, stream,
+                        NextRowOf<T>(grad, r, last, n), NextRowOf<T>(x, r, last, n));
     }
     StreamFence(stream);
   });
-  SumChunks(gw_out.data_as<T>(), partial.data(), chunks, n);
+  if constexpr (kWeight) SumChunks(gw_out.data_as<T>(), partial.data(), chunks, n);
 }
 
 void Run(const KernelCall& call) {
-  cpu::visit_float(call.tensor("grad").dtype, "rms_norm_backward", [&](auto tag) { Backward<decltype(tag)>(call); });
+  const bool weight = call.output(1).numel() > 0;
+  cpu::visit_float(call.tensor("grad").dtype, "rms_norm_backward", [&](auto tag) {
+    weight ? Backward<decltype(tag), true>(call) : Backward<decltype(tag), false>(call);
+  });
 }
 
 }  // namespace opforge::rms_norm_backward_cpu::HWY_NAMESPACE

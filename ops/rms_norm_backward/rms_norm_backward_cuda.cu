@@ -44,6 +44,7 @@ __global__ void rows_kernel(T* gx, cuda::Acc<T>* inv_out, const T* g, cuda::Inde
     const A coef = inv * inv * (dot_part[0] / A(n));
     __syncthreads();  // the sums are read above before the next row overwrites them
     if (threadIdx.x == 0) inv_out[r] = inv;
+    if (!gx) continue;  // grad_x not asked for: inv is all grad_weight needs
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const A gw = cuda::load(grow + i * g_step) * cuda::load(w + i * w_step);
       cuda::store(gx + r * n + i, inv * (gw - cuda::load(xrow + i * x_step) * coef));
@@ -91,7 +92,7 @@ void run(const KernelCall& call) {
   if (n == 0) return;
   const int64_t rows = x.numel() / n;
   if (rows == 0) {  // no rows: grad_weight is an empty sum
-    cuda::check_cuda(op, cudaMemsetAsync(gw.data, 0, gw.nbytes(), stream), "cudaMemsetAsync");
+    if (gw.nbytes()) cuda::check_cuda(op, cudaMemsetAsync(gw.data, 0, gw.nbytes(), stream), "cudaMemsetAsync");
     return;
   }
   const auto g_rows = rows_of(g), x_rows = rows_of(x);
@@ -108,13 +109,17 @@ void run(const KernelCall& call) {
       A* inv = workspace;
       A* partial = workspace + rows;
       const unsigned row_blocks = static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16);
+      // Results not asked for (output_mask) are empty: no grad_x stores, or no partial sums.
       rows_kernel<T><<<row_blocks, kThreads, 0, stream>>>(
-          gx.data_as<T>(), inv, g.data_as<const T>(), g_rows, g.stride(-1), x.data_as<const T>(), x_rows,
+          gx.numel() ? gx.data_as<T>() : nullptr, inv, g.data_as<const T>(), g_rows, g.stride(-1),
+          x.data_as<const T>(), x_rows,
           x.stride(-1), w.data_as<const T>(), w.stride(0), rows, n, call.attr_float("eps"));
-      const dim3 grid(static_cast<unsigned>((n + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
-      partial_kernel<T><<<grid, kThreads, 0, stream>>>(partial, inv, g.data_as<const T>(), g_rows, g.stride(-1),
-                                                       x.data_as<const T>(), x_rows, x.stride(-1), rows, n, chunks);
-      combine_kernel<T><<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(gw.data_as<T>(), partial, n, chunks);
+      if (gw.numel()) {
+        const dim3 grid(static_cast<unsigned>((n + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
+        partial_kernel<T><<<grid, kThreads, 0, stream>>>(partial, inv, g.data_as<const T>(), g_rows, g.stride(-1),
+                                                         x.data_as<const T>(), x_rows, x.stride(-1), rows, n, chunks);
+        combine_kernel<T><<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(gw.data_as<T>(), partial, n, chunks);
+      }
       // First, so a failed launch leaks nothing.
       cuda::check_cuda(op, cudaFreeAsync(workspace, stream), "cudaFreeAsync");
       cuda::check_launch("rms_norm_backward");

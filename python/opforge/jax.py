@@ -210,9 +210,12 @@ def _differentiable(name: str, names: tuple[str, ...], attr_items: tuple):
         # the result. The backward op runs only if another gradient is needed.
         by_name = {n: grad for n, t in zip(names, present)
                    if n in identity and t.shape == out.shape and t.dtype == out.dtype}
-        if set(differentiable) & set(names) - set(by_name):
+        needed = set(differentiable) & set(names) - set(by_name)
+        if needed:
+            # The backward op computes only those (its output_mask, OpDef::output_mask_slot).
+            mask = sum(1 << i for i, n in enumerate(differentiable) if n in needed)
             values = {**attrs, **dict(zip(names, present)), **dict(zip(saved_names, saved)),
-                      "grad": grad, "result": out}
+                      "grad": grad, "result": out, "output_mask": mask}
             args = {a["name"]: values.get(a["name"]) for a in backward.args}
             grads = apply(backward_name, **args)
             grads = grads if isinstance(grads, (tuple, list)) else (grads,)

@@ -239,6 +239,12 @@ def _fake_kernel(op: _Op):
     return fake
 
 
+def _output_mask(differentiable, needed) -> int:
+    """A backward op's `output_mask` (OpDef::output_mask_slot): bit i set where its result i, the
+    gradient of differentiable[i], is needed. (Ignored by backward ops that take no mask.)"""
+    return sum(1 << i for i, name in enumerate(differentiable) if name in needed)
+
+
 def _autograd_rules(op: _Op):
     """(setup_context, backward) calling the declared backward op, its arguments bound by name:
     "grad" is the cotangent, "result" the op's result, any other name the op's argument. These
@@ -275,10 +281,13 @@ def _autograd_rules(op: _Op):
             raise NotImplementedError(f"{op.name}(): backward through an op with several results is not supported yet")
         wanted = {a["name"] for a, needed in zip(op.args, ctx.needs_input_grad) if needed}
         by_name = {n: grads[0] for n in ctx.passes}
-        if (wanted & set(differentiable)) - ctx.passes:
-            values = {**bwd.defaults, **ctx.attrs, **dict(zip(saved, ctx.saved_tensors)), "grad": grads[0]}
+        needed = (wanted & set(differentiable)) - ctx.passes
+        if needed:
+            values = {**bwd.defaults, **ctx.attrs, **dict(zip(saved, ctx.saved_tensors)), "grad": grads[0],
+                      "output_mask": _output_mask(differentiable, needed)}
             result = bwd.overload(*(values[a["name"]] for a in bwd.args))
-            by_name = {**dict(zip(differentiable, result if isinstance(result, tuple) else (result,))), **by_name}
+            results = result if isinstance(result, tuple) else (result,)
+            by_name = {**{n: g for n, g in zip(differentiable, results) if n in needed}, **by_name}
         return tuple(None if a["name"] in ctx.absent else by_name.get(a["name"]) for a in op.args)
 
     return setup_context, backward

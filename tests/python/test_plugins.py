@@ -289,6 +289,9 @@ OP(g_id_nondiff, "g_id_nondiff(Tensor x, Tensor y) -> Tensor", .backward("g_bwd"
 OP(g_id_no_bwd, "g_id_no_bwd(Tensor x) -> Tensor", .identity_gradient({"x"}))
 OP(g_id_two, "g_id_two(Tensor x) -> (Tensor, Tensor)", .backward("g_bwd", {"x"}).identity_gradient({"x"}))
 OP(g_id_empty, "g_id_empty(Tensor x) -> Tensor", .backward("g_bwd", {"x"}).identity_gradient({}))
+OP(g_mask_float, "g_mask_float(Tensor grad, float output_mask=-1) -> Tensor")
+OP(g_mask_all_off, "g_mask_all_off(Tensor grad, int output_mask=0) -> Tensor")
+OP(g_mask_required, "g_mask_required(Tensor grad, int output_mask) -> Tensor")
 """
 
 
@@ -305,8 +308,8 @@ def test_bad_gradient_declarations_fail_the_import(tmp_path):
         "one per saved name), not 1",
         "op 'g_required': backward op 'g_strict_bwd' must take saved 'z' as 'Tensor? z=None'",
         "op 'g_unused': saving forward 'g_save' is declared without a backward op to use what it saves",
-        "op 'g_unknown_arg': backward op 'g_bwd' takes 'z', which is neither 'grad', 'result', an argument of "
-        "'g_unknown_arg' nor a result its saving forward saves",
+        "op 'g_unknown_arg': backward op 'g_bwd' takes 'z', which is neither 'grad', 'result', 'output_mask', an "
+        "argument of 'g_unknown_arg' nor a result its saving forward saves",
         "op 'g_no_bwd': backward op 'g_nowhere' is not registered",
         "op 'g_named_x': g_named_x(): saved result 'x' is named like 'grad', 'result' or an argument",
         "op 'g_two': saving forward 'g_save': only an op with one result can have one",
@@ -315,6 +318,8 @@ def test_bad_gradient_declarations_fail_the_import(tmp_path):
         "op 'g_id_no_bwd': an identity gradient is declared without a backward op",
         "op 'g_id_two': an identity gradient needs an op with one result",
         "op 'g_id_empty': g_id_empty(): identity_gradient() names no inputs",
+        *(f"op '{name}': {name}(): 'output_mask' must be declared 'int output_mask=-1' (every result by default)"
+          for name in ("g_mask_float", "g_mask_all_off", "g_mask_required")),
     ]:
         assert message in out.stderr, f"{message!r} not in:\n{out.stderr[-4000:]}"
     for fine in ("'g_bwd'", "'g_save'", "'g_bwd_like'", "'g_strict_bwd'"):
