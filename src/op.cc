@@ -102,6 +102,12 @@ OpDef& OpDef::identity_gradient(std::vector<std::string> inputs) {
   return *this;
 }
 
+OpDef& OpDef::shape_only(std::vector<std::string> args) {
+  for (const auto& arg : args) constraint_for(arg);  // validates the names
+  shape_only_ = std::move(args);
+  return *this;
+}
+
 OpDef& OpDef::maps_over_leading_dims(std::vector<std::string> args) {
   for (const auto& arg : args) constraint_for(arg);
   leading_dim_args_ = std::move(args);

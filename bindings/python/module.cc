@@ -159,6 +159,8 @@ NB_MODULE(_core, m) {
                    "(op run instead when a gradient is needed, [names of its extra results]) or None.")
       .def_prop_ro("identity_gradient", [](const PyOp& self) { return self.op->identity_inputs(); },
                    "Inputs whose gradient is the cotangent itself where they have the result's shape and dtype.")
+      .def_prop_ro("shape_only", [](const PyOp& self) { return self.op->shape_only_args(); },
+                   "Tensor arguments of which the op reads only the shape and dtype (see OpDef).")
       .def_prop_ro("leading_dim_args", [](const PyOp& self) { return self.op->leading_dim_args(); },
                    "Tensor arguments whose leading dimensions the op maps over (see OpDef).")
       .def_prop_ro("kernels", [](const PyOp& self) { return op_kernels(*self.op); })

@@ -63,6 +63,7 @@ struct Plan {
   std::vector<bool> is_tensor;       // per forward argument
   std::vector<bool> differentiable;  // per forward argument
   std::vector<bool> saved;           // per forward argument: the backward op reads it
+  std::vector<bool> shape_only;      // per forward argument: ... but only its shape (OpDef::shape_only)
   std::vector<bool> identity;        // per forward argument: its gradient is the cotangent where it matches the result
   bool has_backward = false;
   bool saves_result = false;
@@ -127,7 +128,10 @@ class OpforgeBackward final : public torch::autograd::Node {
     for (size_t i = 0; i < plan_->num_args; ++i) {
       const c10::IValue& value = stack[start + i];
       if (!plan_->saved[i]) continue;
-      if (plan_->is_tensor[i]) {
+      if (plan_->is_tensor[i] && value.isTensor() && plan_->shape_only[i]) {
+        const at::Tensor& t = value.toTensor();
+        shapes_.push_back({i, t.sym_sizes().vec(), t.options()});
+      } else if (plan_->is_tensor[i]) {
         if (value.isTensor()) tensors_.emplace_back(i, SavedVariable(value.toTensor(), /*is_output=*/false));
       } else {
         inputs_[i] = value;
@@ -175,6 +179,8 @@ class OpforgeBackward final : public torch::autograd::Node {
     std::vector<c10::IValue> forward(plan.num_args);
     for (size_t i = 0; i < plan.num_args; ++i) forward[i] = inputs_[i];
     for (const auto& [i, saved] : tensors_) forward[i] = saved.unpack(owning_pointer<torch::autograd::Node>(this));
+    // A stand-in with the shape and no storage: one element broadcast (symbolic sizes under torch.compile).
+    for (const auto& s : shapes_) forward[s.arg] = at::empty({}, s.options).expand_symint(s.sizes);
 
     // The backward op's results autograd wants (OpDef::output_mask_slot): not a gradient that is
     // the cotangent, nor one of an input needing none (the first layer's x, a frozen weight).
@@ -215,6 +221,7 @@ class OpforgeBackward final : public torch::autograd::Node {
  protected:
   void release_variables() override {
     tensors_.clear();
+    shapes_.clear();
     extra_.clear();
     result_.reset_data();
   }
@@ -223,6 +230,12 @@ class OpforgeBackward final : public torch::autograd::Node {
   std::shared_ptr<Plan> plan_;
   std::vector<c10::IValue> inputs_;  // non-tensor arguments the backward op reads
   std::vector<std::pair<size_t, SavedVariable>> tensors_;
+  struct Shape {  // a tensor argument the backward op reads only the shape of
+    size_t arg;
+    std::vector<c10::SymInt> sizes;
+    at::TensorOptions options;
+  };
+  std::vector<Shape> shapes_;
   SavedVariable result_;
   std::vector<SavedVariable> extra_;  // the saving forward's extra results, in declaration order
   std::vector<bool> passes_;          // per forward argument: its gradient is the cotangent
@@ -325,6 +338,7 @@ std::shared_ptr<Plan> make_plan(const OpDef& op) {
   plan->is_tensor.resize(args.size());
   plan->differentiable.resize(args.size());
   plan->saved.resize(args.size());
+  plan->shape_only.resize(args.size());
   plan->identity.resize(args.size());
   for (size_t i = 0; i < args.size(); ++i) plan->is_tensor[i] = args[i].is_tensor();
   if (op.backward_op().empty()) return plan;
@@ -358,6 +372,8 @@ std::shared_ptr<Plan> make_plan(const OpDef& op) {
     } else if (i >= 0) {
       plan->backward_args.push_back({Source::forward_arg, static_cast<size_t>(i)});
       plan->saved[i] = true;
+      const auto& shape_only = bwd_def->shape_only_args();
+      plan->shape_only[i] = std::find(shape_only.begin(), shape_only.end(), arg.name()) != shape_only.end();
     } else if (saved_at != saved.end() && plan->saving_op) {
       plan->backward_args.push_back({Source::saved_result, static_cast<size_t>(saved_at - saved.begin())});
     } else {

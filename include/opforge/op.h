@@ -126,6 +126,11 @@ class OpDef {
   // the adapters hand the cotangent through, as torch's own autograd does for x + y, and run
   // the backward op only for the gradients that still need it (a broadcast operand's sum).
   OpDef& identity_gradient(std::vector<std::string> inputs);
+  // Tensor arguments whose shape and dtype are all this op (a backward op) reads, never their
+  // data: add_backward's x and y. Adapters then keep only the shape of the forward's tensor of that
+  // name and hand a stand-in without storage (a broadcast scalar), so autograd neither keeps the
+  // tensor alive nor objects when it is changed in place after the forward.
+  OpDef& shape_only(std::vector<std::string> args);
   // A backward op whose schema ends in `int output_mask=-1` computes only the results whose bit
   // is set (bit i: result i); the others come back empty, shape [0], and its kernels skip them
   // (kernels skip empty results anyway). Adapters set it to the gradients autograd wants, as
@@ -150,6 +155,7 @@ class OpDef {
   const std::vector<std::string>& saved() const { return saved_; }
   const std::vector<std::string>& identity_inputs() const { return identity_inputs_; }
   const std::vector<std::string>& leading_dim_args() const { return leading_dim_args_; }
+  const std::vector<std::string>& shape_only_args() const { return shape_only_; }
 
   // Slot of schema argument `arg` among the tensors or among the attributes; -1 if absent.
   int64_t tensor_slot(std::string_view arg) const;
@@ -171,6 +177,7 @@ class OpDef {
   std::vector<std::string> saved_;
   std::vector<std::string> identity_inputs_;
   std::vector<std::string> leading_dim_args_;
+  std::vector<std::string> shape_only_;
   int64_t output_mask_slot_ = -1;  // attribute slot of `int output_mask=-1`, or -1
 };
 

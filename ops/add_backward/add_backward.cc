@@ -10,6 +10,7 @@ OPFORGE_OP(add_backward) {
            "thread count. output_mask: bit 0 for grad_x, bit 1 for grad_y; a result not asked for "
            "comes back empty (shape [0]), uncomputed.")
       .dtypes("grad", opforge::float_dtypes())
+      .shape_only({"x", "y"})
       .shape([](const opforge::ShapeContext& c) {
         const auto& grad = c.tensor("grad");
         const auto& x = c.tensor("x");

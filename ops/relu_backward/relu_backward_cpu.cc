@@ -12,7 +12,11 @@ HWY_BEFORE_NAMESPACE();
 namespace opforge::relu_backward_cpu::HWY_NAMESPACE {
 using namespace opforge::cpu::HWY_NAMESPACE;
 
-void Run(const KernelCall& call) { ActivationBackward("relu_backward", call.tensor("grad"), call.tensor("x"), call.output(), ReluGrad{}); }
+// ReluGrad reads its second operand as relu's input; relu's result is positive exactly where
+// that input is, so the same functor serves.
+void Run(const KernelCall& call) {
+  ActivationBackward("relu_backward", call.tensor("grad"), call.tensor("result"), call.output(), ReluGrad{});
+}
 
 }  // namespace opforge::relu_backward_cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();

@@ -4,7 +4,8 @@
 
 namespace opforge::relu_backward_cuda {
 
-void run(const KernelCall& call) { cuda::launch_grad(call, "relu_backward", cuda::ReluGrad{}); }
+// ReluGrad's second operand is relu's result here: positive exactly where relu's input is.
+void run(const KernelCall& call) { cuda::launch_grad(call, "relu_backward", cuda::ReluGrad{}, "result"); }
 
 OPFORGE_KERNEL(relu_backward, "cuda", float_dtypes(), run);
 

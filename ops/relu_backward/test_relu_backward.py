@@ -1,5 +1,6 @@
 """relu_backward against NumPy float64 and torch autograd of relu, on every float dtype, SIMD
-target, layout and broadcast."""
+target, layout and broadcast. Its second argument is relu's result; the kernel's rule (grad where
+it is > 0) is checked on any values, relu's results among them."""
 
 import numpy as np
 import pytest
@@ -47,7 +48,8 @@ def test_shapes(simd_target, rng, framework, dtype, shape):
 @pytest.mark.parametrize("shape", [(7,), (4, 33)], ids=str)
 def test_matches_torch_autograd(rng, shape):
     grad, x = pair(rng, shape, "numpy", "float64")
-    np.testing.assert_array_equal(opforge.relu_backward(grad, x), torch_grad(grad, x))
+    x.reshape(-1)[1::7] = np.nan
+    np.testing.assert_array_equal(opforge.relu_backward(grad, opforge.relu(x)), torch_grad(grad, x))
 
 
 @pytest.mark.parametrize("grad_shape, x_shape", [((4, 33), (33,)), ((33,), (4, 33)), ((2, 1, 7), (3, 1))], ids=str)
@@ -83,7 +85,8 @@ def test_nan_inf(simd_target, framework, dtype):
 def test_declared():
     op = opforge._core.op("relu_backward")
     assert op.backward is None
-    assert op.leading_dim_args == ["grad", "x"]
+    assert op.leading_dim_args == ["grad", "result"]
+    assert [a["name"] for a in op.args] == ["grad", "result"]  # relu's result, not its input
 
 
 F32 = np.ones(3, np.float32)
@@ -91,12 +94,12 @@ F32 = np.ones(3, np.float32)
 
 @pytest.mark.parametrize("call, error, match", [
     (lambda: opforge.relu_backward(F32, F32.astype(np.float64)), TypeError,
-     r"relu_backward\(\): 'x' must have dtype float32 like 'grad', got float64"),
+     r"relu_backward\(\): 'result' must have dtype float32 like 'grad', got float64"),
     (lambda: opforge.relu_backward(F32, np.ones(4, np.float32)), ValueError,
-     r"relu_backward\(\): 'grad' of shape \[3\] and 'x' of shape \[4\] cannot be broadcast together"),
+     r"relu_backward\(\): 'grad' of shape \[3\] and 'result' of shape \[4\] cannot be broadcast together"),
     (lambda: opforge.relu_backward(F32.astype(np.int32), F32.astype(np.int32)), TypeError,
      r"relu_backward\(\): 'grad' must have dtype in \[float32, float64, float16, bfloat16\], got int32"),
-    (lambda: opforge.relu_backward(F32), TypeError, r"relu_backward\(\) missing required argument 'x'"),
+    (lambda: opforge.relu_backward(F32), TypeError, r"relu_backward\(\) missing required argument 'result'"),
 ])
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):

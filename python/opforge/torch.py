@@ -137,6 +137,7 @@ class _Op:
         core = _core.op(name)
         self.args, self.backward, self.num_results = core.args, core.backward, core.num_results
         self.identity_gradient = set(core.identity_gradient)
+        self.shape_only = set(core.shape_only)
         self.schema, self.doc = core.schema, core.doc
         self.tensor_names = [a["name"] for a in self.args if a["kind"].startswith("Tensor")]
         self.attr_names = [a["name"] for a in self.args if not a["kind"].startswith("Tensor")]
@@ -262,7 +263,10 @@ def _autograd_rules(op: _Op):
     unknown = wanted - {"grad", "result", *(a["name"] for a in op.args), *bwd.defaults}
     if unknown:
         raise ImportError(f"opforge.torch: {backward_name}() takes {sorted(unknown)}, which {op.name}() cannot supply")
-    saved = [n for n in op.tensor_names if n in wanted] + (["result"] if "result" in wanted else [])
+    # Arguments the backward op reads only the shape of (OpDef::shape_only) are kept as shapes.
+    shape_only = [n for n in op.tensor_names if n in wanted and n in bwd.shape_only]
+    saved = [n for n in op.tensor_names if n in wanted and n not in shape_only]
+    saved += ["result"] if "result" in wanted else []
 
     def setup_context(ctx, inputs, output):
         values = op.bind(inputs, {})
@@ -275,6 +279,8 @@ def _autograd_rules(op: _Op):
                       if values[n] is not None and values[n].shape == output.shape and values[n].dtype == output.dtype}
         if not set(differentiable) - ctx.absent <= ctx.passes:
             ctx.save_for_backward(*(values[n] for n in saved))
+            ctx.shapes = {n: (values[n].shape, values[n].dtype, values[n].device) for n in shape_only
+                          if values[n] is not None}
 
     def backward(ctx, *grads):
         if len(grads) != 1:
@@ -283,8 +289,10 @@ def _autograd_rules(op: _Op):
         by_name = {n: grads[0] for n in ctx.passes}
         needed = (wanted & set(differentiable)) - ctx.passes
         if needed:
-            values = {**bwd.defaults, **ctx.attrs, **dict(zip(saved, ctx.saved_tensors)), "grad": grads[0],
-                      "output_mask": _output_mask(differentiable, needed)}
+            stand_ins = {n: torch.empty((), dtype=dtype, device=device).expand(shape)  # no storage
+                         for n, (shape, dtype, device) in ctx.shapes.items()}
+            values = {**bwd.defaults, **ctx.attrs, **dict(zip(saved, ctx.saved_tensors)), **stand_ins,
+                      "grad": grads[0], "output_mask": _output_mask(differentiable, needed)}
             result = bwd.overload(*(values[a["name"]] for a in bwd.args))
             results = result if isinstance(result, tuple) else (result,)
             by_name = {**{n: g for n, g in zip(differentiable, results) if n in needed}, **by_name}

@@ -125,11 +125,11 @@ void launch_unary(const KernelCall& call, const char* op, F f) {
   check_launch(op);
 }
 
-// out = f(grad, x), grad and x broadcast against each other.
+// out = f(grad, x), grad and x (the argument named `x_arg`) broadcast against each other.
 template <class F>
-void launch_grad(const KernelCall& call, const char* op, F f) {
+void launch_grad(const KernelCall& call, const char* op, F f, const char* x_arg = "x") {
   const TensorView& grad = call.tensor("grad");
-  const TensorView& x = call.tensor("x");
+  const TensorView& x = call.tensor(x_arg);
   const TensorView& out = call.output();
   const Indexer ig = make_indexer(op, out.shape, broadcast_strides(grad, out.shape));
   const Indexer ix = make_indexer(op, out.shape, broadcast_strides(x, out.shape));
