@@ -327,6 +327,20 @@ def no_fallback():
         set_fallback(previous)
 
 
+# ---- mixed precision ---------------------------------------------------------------------------
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """The dtypes torch.autocast("forge", dtype=...) accepts. torch asks for it whenever autocast
+    names this device, and torch.utils.checkpoint does so on every recomputation when forge is
+    the current accelerator, for CPU tensors too."""
+    return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """Every forge device computes bfloat16 (its kernels are opforge's CPU kernels)."""
+    return True
+
+
 # ---- random numbers ----------------------------------------------------------------------------
 
 def _is_in_bad_fork() -> bool:
@@ -397,6 +411,27 @@ def _drain_at_exit() -> None:
     for device in range(_lib.forge_device_count()):
         if _lib.forge_synchronize(device) < 0:  # ctypes releases the GIL: the worker can finish
             print(f"opforge.forge: at exit: {_lib.forge_last_error().decode()}", file=sys.stderr)
+    _settle_autograd_threads()
+
+
+def _settle_autograd_threads() -> None:
+    """torch's autograd runs a forge backward on a thread of its own (one per device, as for
+    CUDA), which may drop its reference to a finished graph task after the caller has been
+    woken. The task holds Python state (torch.autograd.backward stashes a contextvars context in
+    it; checkpoint's hooks), so when the program exits right after a backward, that drop needs
+    the GIL while the interpreter finalizes and the process aborts ("terminate called without an
+    active exception", pytorch/pytorch#38228). One more backward per device, run straight on the
+    engine so that it captures no Python object, lets each thread finish the last one first
+    (waiting for it releases the GIL) and leaves it holding nothing that needs Python."""
+    if not is_initialized():
+        return
+    engine = torch.autograd.Variable._execution_engine
+    try:
+        for index in range(device_count()):
+            leaf = torch.zeros((), device=torch.device("forge", index), requires_grad=True)
+            engine.run_backward((leaf,), (torch.ones_like(leaf),), False, False, (), True, True)
+    except Exception as error:  # noqa: BLE001  (never fail an exit over this)
+        print(f"opforge.forge: at exit: {error}", file=sys.stderr)
 
 
 def _add_ops(names: list[str]) -> None:

@@ -405,6 +405,54 @@ def test_exit_with_work_still_queued_is_clean():
         assert "terminate" not in out.stderr
 
 
+# A backward on forge under torch.utils.checkpoint, then exit: torch's autograd thread for the
+# device drops its last graph task (which holds Python state) as the interpreter finalizes.
+EXIT_AFTER_CHECKPOINTED_BACKWARD = """
+import torch, opforge.torch as ot, opforge.forge
+from torch.utils.checkpoint import checkpoint
+w = torch.randn(16, 8, device="forge", requires_grad=True)
+x = torch.randn(4, 8, device="forge", requires_grad=True)
+f = lambda x: ot.rms_norm(ot.linear_act(x, w, None, act="gelu"), torch.ones(16, device="forge")).square().sum()
+checkpoint(f, x, use_reentrant=True).backward()
+xx = torch.randn(100, device="forge", requires_grad=True)
+checkpoint(lambda t: (torch.nn.functional.dropout(t, 0.5, training=True) * t).sum(), xx, use_reentrant=False).backward()
+try:
+    with torch.autocast("forge", dtype=torch.float32):  # unsupported: a warning, autocast off
+        torch.randn(4, 8, device="forge")
+except Exception as error:
+    print(error)
+print("done")
+"""
+
+
+def test_exit_after_a_checkpointed_backward_is_clean():
+    """Before forge settled torch's autograd threads at exit (pytorch/pytorch#38228), this aborted
+    ("terminate called without an active exception") in about 3 runs of 16."""
+    for _ in range(8):
+        out = subprocess.run([sys.executable, "-c", EXIT_AFTER_CHECKPOINTED_BACKWARD], capture_output=True,
+                             text=True, timeout=120)
+        assert (out.returncode, out.stdout.strip()) == (0, "done"), out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_torch_utils_checkpoint_with_forge_loaded(rng):
+    """checkpoint() enters torch.autocast for the current accelerator (forge) on every
+    recomputation, CPU tensors included: forge must answer get_amp_supported_dtype."""
+    from torch.utils.checkpoint import checkpoint
+
+    w = torch.from_numpy(rng.standard_normal((6, 5)))
+    for device in ("cpu", "forge"):
+        x = torch.from_numpy(rng.standard_normal((3, 5))).to(device).detach().requires_grad_()
+        wd = w.to(device).detach().requires_grad_()
+        f = lambda x: torch.ops.opforge.linear_act(x, wd, None, "gelu").square().sum()  # noqa: E731
+        want = torch.autograd.grad(f(x), [x, wd])
+        for reentrant in (False, True):  # the reentrant form works with .backward() only
+            checkpoint(f, x, use_reentrant=reentrant).backward()
+            for a, b in zip((x.grad, wd.grad), want):
+                torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-12, atol=1e-12)
+            x.grad = wd.grad = None
+    assert torch.float16 in torch.forge.get_amp_supported_dtype() and torch.forge.is_bf16_supported()
+
+
 def test_import_torch_autoloads_forge():
     code = "import torch\nprint(torch.ones(2, device='forge').is_forge, hasattr(torch, 'forge'))\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
