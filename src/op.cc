@@ -108,6 +108,21 @@ OpDef& OpDef::shape_only(std::vector<std::string> args) {
   return *this;
 }
 
+OpDef& OpDef::autocast(AutocastPolicy policy) {
+  autocast_ = policy;
+  return *this;
+}
+
+std::string_view autocast_policy_name(AutocastPolicy policy) {
+  switch (policy) {
+    case AutocastPolicy::lower_precision: return "lower_precision";
+    case AutocastPolicy::fp32: return "fp32";
+    case AutocastPolicy::promote: return "promote";
+    case AutocastPolicy::none: break;
+  }
+  return "none";
+}
+
 OpDef& OpDef::maps_over_leading_dims(std::vector<std::string> args) {
   for (const auto& arg : args) constraint_for(arg);
   leading_dim_args_ = std::move(args);

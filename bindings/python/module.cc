@@ -161,6 +161,9 @@ NB_MODULE(_core, m) {
                    "Inputs whose gradient is the cotangent itself where they have the result's shape and dtype.")
       .def_prop_ro("shape_only", [](const PyOp& self) { return self.op->shape_only_args(); },
                    "Tensor arguments of which the op reads only the shape and dtype (see OpDef).")
+      .def_prop_ro("autocast",
+                   [](const PyOp& self) { return std::string(autocast_policy_name(self.op->autocast_policy())); },
+                   "How torch.autocast casts the op's floating tensor arguments: none, lower_precision, fp32, promote.")
       .def_prop_ro("leading_dim_args", [](const PyOp& self) { return self.op->leading_dim_args(); },
                    "Tensor arguments whose leading dimensions the op maps over (see OpDef).")
       .def_prop_ro("kernels", [](const PyOp& self) { return op_kernels(*self.op); })

@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "bindings/torch_native/autocast.h"
 #include "opforge/registry.h"
 
 #define OPFORGE_TORCH_EXPORT extern "C" __attribute__((visibility("default")))
@@ -420,6 +421,15 @@ TORCH_LIBRARY_IMPL(opforge, Autograd, m) {
   opforge::torch_native::implement_new(m, opforge::torch_native::load_errors());
 }
 
+// ... and, for the ops that declare a cast policy, their autocast kernels (one library for the
+// three autocast keys, so it has none of its own; never destroyed, like the registrations).
+[[maybe_unused]] static const bool opforge_autocast_registered = [] {
+  opforge::torch_native::implement_autocast(
+      *new torch::Library(torch::Library::IMPL, "opforge", std::nullopt, __FILE__, __LINE__),
+      opforge::torch_native::load_errors());
+  return true;
+}();
+
 // Empty when every op got its kernel; otherwise one line per problem (opforge.torch raises it).
 OPFORGE_TORCH_EXPORT const char* opforge_torch_native_registration_errors() {
   return opforge::torch_native::load_errors().c_str();
@@ -436,5 +446,6 @@ OPFORGE_TORCH_EXPORT const char* opforge_torch_native_register_new_ops() {
   errors.clear();
   implement_new(*new torch::Library(torch::Library::IMPL, "opforge", c10::DispatchKey::Autograd, __FILE__, __LINE__),
                 errors);
+  implement_autocast(*new torch::Library(torch::Library::IMPL, "opforge", std::nullopt, __FILE__, __LINE__), errors);
   return errors.c_str();
 }

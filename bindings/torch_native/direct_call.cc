@@ -3,12 +3,13 @@
 // more than a native aten call). Everything else takes the torch op, unchanged: tensors that
 // need a gradient, tensor subclasses and FakeTensors, functorch wrappers, active dispatch modes,
 // CUDA tensors (their stream handling lives in the stable adapter), dtypes opforge lacks,
-// forward-AD dual tensors.
+// forward-AD dual tensors, ops with a cast policy under torch.autocast.
 // Uses torch's Python C++ API (THPVariable), so it lives in the torch-version-specific library.
 #include <Python.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <memory>
@@ -109,6 +110,8 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   auto fall_back = [&] { return PyObject_Vectorcall(entry->overload, args, static_cast<size_t>(nargs), nullptr); };
   if (static_cast<size_t>(nargs) != specs.size()) return fall_back();
   if (c10::impl::tls_local_dispatch_key_set().included_.has_any(kNeedsDispatcher)) return fall_back();
+  // Under torch.autocast("cpu") an op with a cast policy casts in its autocast kernel (autocast.cc).
+  if (op.autocast_policy() != AutocastPolicy::none && at::autocast::is_autocast_enabled(at::kCPU)) return fall_back();
   try {
     const bool grad_mode = at::GradMode::is_enabled();
     OpInputs inputs;

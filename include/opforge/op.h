@@ -48,6 +48,13 @@ using Outputs = std::vector<OutputSpec>;
 
 class OpDef;
 
+// How torch.autocast casts an op's floating tensor arguments (float64 ones stay), as torch's own
+// policies: lower_precision to the autocast dtype (linear_act, like torch's linear); fp32 (norms,
+// softmax, as torch's); promote to the widest floating dtype among them (add, rope: torch's own
+// ops promote mixed inputs). none (the default) leaves them as they are.
+enum class AutocastPolicy { none, lower_precision, fp32, promote };
+std::string_view autocast_policy_name(AutocastPolicy policy);
+
 // Named access to one call's arguments, shared by shape rules and kernels.
 class ArgAccess {
  public:
@@ -138,6 +145,7 @@ class OpDef {
   // needs no grad_x, a frozen weight no grad_weight, an operand the cotangent itself no sum.
   // -1 (the default, for direct calls) computes every result.
   int64_t output_mask_slot() const { return output_mask_slot_; }
+  OpDef& autocast(AutocastPolicy policy);
   // The op works independently on every index of the leading dimensions of `args` (which
   // broadcast against each other), so a batch axis can be one more leading dimension: one
   // call on the batched arrays instead of a loop. Adapters use it for vmap.
@@ -156,6 +164,7 @@ class OpDef {
   const std::vector<std::string>& identity_inputs() const { return identity_inputs_; }
   const std::vector<std::string>& leading_dim_args() const { return leading_dim_args_; }
   const std::vector<std::string>& shape_only_args() const { return shape_only_; }
+  AutocastPolicy autocast_policy() const { return autocast_; }
 
   // Slot of schema argument `arg` among the tensors or among the attributes; -1 if absent.
   int64_t tensor_slot(std::string_view arg) const;
@@ -178,6 +187,7 @@ class OpDef {
   std::vector<std::string> identity_inputs_;
   std::vector<std::string> leading_dim_args_;
   std::vector<std::string> shape_only_;
+  AutocastPolicy autocast_ = AutocastPolicy::none;
   int64_t output_mask_slot_ = -1;  // attribute slot of `int output_mask=-1`, or -1
 };
 

@@ -16,6 +16,7 @@ OPFORGE_OP(layer_norm) {
       .rank("bias", 1, 1)
       .backward("layer_norm_backward", {"x", "weight", "bias"})
       .maps_over_leading_dims({"x"})
+      .autocast(opforge::AutocastPolicy::fp32)
       .shape([](const opforge::ShapeContext& c) {
         const int64_t n = c.tensor("x").size(-1);
         c.expect_shape("weight", {n});

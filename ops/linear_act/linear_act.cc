@@ -14,6 +14,7 @@ OPFORGE_OP(linear_act) {
            "the product.")
       .backward("linear_act_backward", {"x", "weight", "bias"})
       .saving_forward("linear_act_with_preact", {"preact"})
+      .autocast(opforge::AutocastPolicy::lower_precision)
       .shape([](const opforge::ShapeContext& c) {
         return opforge::Outputs{{c.tensor("x").dtype, opforge::linear_act::checked_result_shape(c)}};
       });

@@ -18,6 +18,7 @@ OPFORGE_OP(matmul_q) {
       .rank("x", 1)
       .rank("w", 2, 2)
       .maps_over_leading_dims({"x"})
+      .autocast(opforge::AutocastPolicy::lower_precision)
       .shape([](const opforge::ShapeContext& c) {
         const quant::Format format = quant::format_of(c);
         const auto& x = c.tensor("x");

@@ -11,6 +11,7 @@ OPFORGE_OP(rms_norm) {
       .rank("weight", 1, 1)
       .backward("rms_norm_backward", {"x", "weight"})
       .maps_over_leading_dims({"x"})
+      .autocast(opforge::AutocastPolicy::fp32)
       .shape([](const opforge::ShapeContext& c) {
         c.expect_shape("weight", {c.tensor("x").size(-1)});
         if (!(c.attr_float("eps") >= 0.0))

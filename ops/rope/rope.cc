@@ -18,5 +18,6 @@ OPFORGE_OP(rope) {
       .rank("sin", 2, 2)
       .backward("rope_backward", {"x"})
       .maps_over_leading_dims({"x"})
+      .autocast(opforge::AutocastPolicy::promote)
       .shape([](const opforge::ShapeContext& c) { return opforge::rope::rotated_like(c, "x"); });
 }

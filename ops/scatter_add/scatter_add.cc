@@ -19,6 +19,7 @@ OPFORGE_OP(scatter_add) {
       .rank("src", 1)
       .rank("index", 1, 1)
       .backward("scatter_add_backward", {"src"})
+      .autocast(opforge::AutocastPolicy::promote)
       .shape([](const opforge::ShapeContext& c) {
         const opforge::TensorView& src = c.tensor("src");
         const int64_t dim = opforge::scatter::checked_dim(c, "src");

@@ -11,5 +11,6 @@ OPFORGE_OP(softmax) {
       .rank("x", 1)
       .backward("softmax_backward", {"x"})
       .maps_over_leading_dims({"x"})
+      .autocast(opforge::AutocastPolicy::fp32)
       .shape([](const opforge::ShapeContext& c) { return opforge::Outputs{c.like("x")}; });
 }
