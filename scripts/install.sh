@@ -21,7 +21,7 @@ fi
 # Debian's 3.25 cannot pass C++20 to nvcc.
 python3 -m pip install -q --disable-pip-version-check \
   "torch==2.13.0" "jax==0.10.2" "jaxlib==0.10.2" "numpy>=1.24" "pytest>=8" \
-  "nanobind>=2.2" "scikit-build-core>=0.10" "cmake>=3.28" ninja matplotlib
+  "nanobind>=2.2" "scikit-build-core>=0.10" "cmake>=3.28" ninja matplotlib flatbuffers
 
 # No build isolation: the build must see the pinned packages above, not fetch its own.
 args=(--no-build-isolation --disable-pip-version-check -q)

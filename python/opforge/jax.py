@@ -102,6 +102,11 @@ def _op(name: str) -> _Op:
 def _ffi(op: _Op, names: tuple[str, ...], present, attrs: dict):
     """One FFI custom call on the present tensors (named `names`)."""
     by_name = dict(zip(names, present))
+    for n, t in by_name.items():  # jax.export's symbolic dimensions: the C++ shape rules need sizes
+        if not all(isinstance(d, (int, np.integer)) for d in t.shape):
+            raise NotImplementedError(
+                f"{op.name}(): '{n}' has shape {tuple(t.shape)} with a symbolic dimension; opforge's shape rules "
+                "need concrete sizes (jax.export with symbolic shapes is not supported: export per shape)")
     metas = [(tuple(by_name[n].shape), str(jnp.dtype(by_name[n].dtype))) if n in by_name else None
              for n in op.tensor_names]
     results = [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape, dtype in op.core.infer(metas, attrs)]
