@@ -33,6 +33,7 @@ if __name__ == "__main__":  # python -m opforge.torch: run the imported module (
     sys.exit(opforge.torch._main(sys.argv[1:]))
 
 import ctypes
+import functools
 import keyword
 import numbers
 import os
@@ -138,6 +139,7 @@ class _Op:
         self.args, self.backward, self.num_results = core.args, core.backward, core.num_results
         self.identity_gradient = set(core.identity_gradient)
         self.shape_only = set(core.shape_only)
+        self.autocast = core.autocast
         self.schema, self.doc = core.schema, core.doc
         self.tensor_names = [a["name"] for a in self.args if a["kind"].startswith("Tensor")]
         self.attr_names = [a["name"] for a in self.args if not a["kind"].startswith("Tensor")]
@@ -375,6 +377,43 @@ def _make_function(op: _Op):
     return function
 
 
+def _autocast_kernel(op: _Op, device_type: str | None, key: str):
+    """The op's cast policy (OpDef::autocast) under torch.autocast(device_type) (None: the
+    PrivateUse1 device, named when the call comes), in Python: what
+    bindings/torch_native/autocast.cc does where the C++ half of the adapter is not loaded."""
+    below = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+
+    def kernel(*args, **kwargs):
+        device = device_type or torch._C._get_privateuse1_backend_name()
+
+        def castable(a):
+            return isinstance(a, torch.Tensor) and a.is_floating_point() and a.device.type == device
+
+        values = [*args, *kwargs.values()]
+        if op.autocast == "lower_precision":
+            to = torch.get_autocast_dtype(device)
+        elif op.autocast == "fp32":
+            to = torch.float32
+        else:  # promote: the widest floating dtype among the tensors
+            floating = [a.dtype for a in values if castable(a)]
+            to = functools.reduce(torch.promote_types, floating) if floating else None
+
+        def cast(a):  # float64 stays, as in torch's autocast
+            return a.to(to) if to is not None and castable(a) and a.dtype != torch.float64 else a
+
+        with torch._C._ExcludeDispatchKeyGuard(below):
+            return op.overload(*map(cast, args), **{k: cast(v) for k, v in kwargs.items()})
+
+    return kernel
+
+
+def _register_autocast(op: _Op) -> None:
+    if op.autocast == "none":
+        return
+    for device_type, key in (("cpu", "AutocastCPU"), ("cuda", "AutocastCUDA"), (None, "AutocastPrivateUse1")):
+        _LIB.impl(op.name, _autocast_kernel(op, device_type, key), key)
+
+
 def _stub_text() -> str:
     """The type stub of this module (torch.pyi), from the op registry."""
     lines = ["# Generated from the op registry by `python -m opforge.torch --write-stub`; do not edit.",
@@ -393,6 +432,7 @@ def _register(names: list[str]) -> None:
         setup_context, backward = _autograd_rules(op)
         if not NATIVE_AUTOGRAD:
             torch.library.register_autograd(op.overload, backward, setup_context=setup_context, lib=_LIB)
+            _register_autocast(op)
         globals()[op.name] = _make_function(op)
 
 

@@ -3,6 +3,10 @@ on forge, through opforge.torch, torch.ops and torch.compile; gradients reach fl
 in float32. And autocast on the forge device for torch's own ops (its AutocastPrivateUse1 kernels).
 Each result is compared bit for bit with the op run on inputs cast by hand."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -106,3 +110,27 @@ def test_forge_autocast_for_torch_ops(rng):
     with pytest.warns(UserWarning, match="forge Autocast only supports dtypes of torch.bfloat16, torch.float16"):
         with torch.autocast("forge", dtype=torch.float64):
             pass
+
+
+def test_python_adapter_casts_too():
+    """OPFORGE_TORCH_NATIVE=0 (the adapter's Python half only): the same policies, in Python."""
+    code = """
+import torch, opforge.torch as ot
+assert not ot.NATIVE_AUTOGRAD
+x, w, g = torch.randn(5, 8), torch.randn(3, 8, requires_grad=True), torch.ones(3)
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    h = ot.linear_act(x, w)
+    n = ot.rms_norm(h, g)
+    s = ot.add(h, g)
+    d = ot.linear_act(x.double(), w.detach().double())
+assert h.dtype == torch.bfloat16 and torch.equal(h, ot.linear_act(x.bfloat16(), w.bfloat16()))
+assert n.dtype == torch.float32 and torch.equal(n, ot.rms_norm(h.float(), g))
+assert s.dtype == torch.float32 and torch.equal(s, ot.add(h.float(), g))
+assert d.dtype == torch.float64
+h.float().sum().backward()
+assert w.grad.dtype == torch.float32
+print("ok")
+"""
+    env = {**os.environ, "OPFORGE_TORCH_NATIVE": "0"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-4000:]
