@@ -17,8 +17,8 @@ forward (inputs + result) plus backward op (its tensor arguments: cotangent, sav
 result; and the gradients it writes, those its output_mask asks for; not a saving forward's
 extra results: only linear_act has one, and it is measured in flops; nothing where the
 gradients are the cotangent itself, add_one's: torch's autograd runs no kernel there either);
-GB/s and % of the STREAM bandwidth measured in the same run follow from it. linear_act is compute-bound: 3 products (2 m n k flops each), in GFLOP/s
-and % of torch's float32 mm rate. Speedups are their time / ours (> 1: opforge faster). Writes
+GB/s and % of the STREAM bandwidth measured in the same run follow from it. linear_act is
+compute-bound: 3 products (2 m n k flops each), in GFLOP/s and % of torch's float32 mm rate. Speedups are their time / ours (> 1: opforge faster). Writes
 bench/results/backward_cpu.csv and backward_cpu.png.
 
 --frozen names inputs that want no gradient (every implementation is asked for the others

@@ -13,7 +13,8 @@
 //   or the forward argument of that name), as python/opforge/torch.py and python/opforge/jax.py do.
 //   Gradients declared as the cotangent itself (OpDef::identity_gradient) are handed through
 //   where the input has the result's shape, and the backward op runs only if another is wanted,
-//   asked (OpDef::output_mask_slot) for the wanted ones only.
+//   asked (OpDef::output_mask_slot) for the wanted ones only. Arguments it reads only the shape
+//   of (OpDef::shape_only) are kept as sizes, not tensors.
 // Errors that opforge raised below (which the stable ABI turns into plain c10::Error) leave
 // here as c10::TypeError / ValueError / NotImplementedError, so Python sees their real type.
 #include <ATen/core/dispatch/Dispatcher.h>

@@ -276,6 +276,41 @@ def test_runs_on_torch_current_stream(name, path, rng):
     assert_matches(got, want, name, "float32")
 
 
+MASKED = [n for n in DEVICE_OPS if any(a["name"] == "output_mask" for a in CORE[n].args)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", MASKED)
+def test_output_masks_on_the_device(name, dtype, rng):
+    """A backward op asked for some of its results (OpDef::output_mask_slot) computes exactly
+    those, as the full call does, and returns the others empty; the kernels skip empty results."""
+    tensors, attrs = sample(name, rng, dtype, rows=37, cols=65)
+    tensors = [t if t is None else t.to(DEVICE) for t in tensors]
+    op = getattr(torch.ops.opforge, name)
+    full = op(*tensors, **attrs)
+    for mask in range(1 << len(full)):
+        got = op(*tensors, **attrs, output_mask=mask)
+        for i, (g, f) in enumerate(zip(got, full)):
+            if mask >> i & 1:
+                assert torch.equal(g, f), (mask, i)
+            else:
+                assert g.shape == (0,) and g.device == f.device, (mask, i)
+
+
+def test_autocast_on_the_device(rng):
+    """torch.autocast on this device casts opforge ops by their declared policies (OpDef::autocast),
+    bit for bit as the op on inputs cast by hand."""
+    low = torch.float16 if ON_GPU else torch.bfloat16
+    x, w, g = (torch.from_numpy(rng.standard_normal(s)).float().to(DEVICE) for s in ((9, 64), (32, 64), (32,)))
+    with torch.autocast(DEVICE, dtype=low):
+        h = opforge.torch.linear_act(x, w, act="gelu")
+        n = opforge.torch.rms_norm(h, g)
+        s = opforge.torch.add(h, g)
+    assert h.dtype == low and torch.equal(h, opforge.torch.linear_act(x.to(low), w.to(low), act="gelu"))
+    assert n.dtype == torch.float32 and torch.equal(n, opforge.torch.rms_norm(h.float(), g))
+    assert s.dtype == torch.float32 and torch.equal(s, opforge.torch.add(h.float(), g))
+
+
 @pytest.fixture
 def restore_backend():
     yield
