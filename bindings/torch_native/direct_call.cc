@@ -109,9 +109,12 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   const auto& specs = op.schema().args;
   auto fall_back = [&] { return PyObject_Vectorcall(entry->overload, args, static_cast<size_t>(nargs), nullptr); };
   if (static_cast<size_t>(nargs) != specs.size()) return fall_back();
-  if (c10::impl::tls_local_dispatch_key_set().included_.has_any(kNeedsDispatcher)) return fall_back();
+  // Whether this call may skip the dispatcher. The attributes are converted (and out-of-range
+  // ones raise ValueError) either way, so a call that takes the torch op fails as this one would
+  // rather than in torch's argument parser.
+  bool direct = !c10::impl::tls_local_dispatch_key_set().included_.has_any(kNeedsDispatcher);
   // Under torch.autocast("cpu") an op with a cast policy casts in its autocast kernel (autocast.cc).
-  if (op.autocast_policy() != AutocastPolicy::none && at::autocast::is_autocast_enabled(at::kCPU)) return fall_back();
+  direct = direct && !(op.autocast_policy() != AutocastPolicy::none && at::autocast::is_autocast_enabled(at::kCPU));
   try {
     const bool grad_mode = at::GradMode::is_enabled();
     OpInputs inputs;
@@ -128,10 +131,10 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
           }
           [[fallthrough]];
         case ArgKind::tensor: {
-          if (!THPVariable_Check(value)) return fall_back();
-          std::optional<TensorView> view = plain_cpu_view(THPVariable_Unpack(value), grad_mode);
-          if (!view) return fall_back();
-          inputs.tensors.emplace_back(std::move(view));
+          std::optional<TensorView> view;
+          if (direct && THPVariable_Check(value)) view = plain_cpu_view(THPVariable_Unpack(value), grad_mode);
+          direct = direct && view.has_value();
+          if (view) inputs.tensors.emplace_back(std::move(view));
           break;
         }
         // The generated wrapper has checked the kinds: a failed conversion is a value out of range.
@@ -162,6 +165,7 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
         }
       }
     }
+    if (!direct) return fall_back();
     const Outputs results = infer_outputs(op, inputs);
     const Selection selection = select_kernel(op, inputs);
     std::vector<at::Tensor> outputs;

@@ -206,19 +206,21 @@ def test_bad_argument_kinds(call, message):
         call()
 
 
+@pytest.mark.parametrize("wants_grad", [False, True], ids=["plain", "requires_grad"])
 @pytest.mark.parametrize("call, message", [
-    (lambda: ot.rms_norm(torch.ones(2, 4), torch.ones(4), eps=10**400), "rms_norm(): 'eps' is out of the float range"),
-    (lambda: ot.scatter_add(torch.ones(2, 3), torch.zeros(2, dtype=torch.int64), 2**70),
+    (lambda t: ot.rms_norm(t(2, 4), torch.ones(4), eps=10**400), "rms_norm(): 'eps' is out of the float range"),
+    (lambda t: ot.scatter_add(t(2, 3), torch.zeros(2, dtype=torch.int64), 2**70),
      "scatter_add(): 'dim_size' must fit in 64 bits"),
+    (lambda t: ot.gelu(t(3), "\udcff"), "gelu(): 'approximate' is not valid Unicode text (it has a lone surrogate)"),
 ])
-def test_attributes_out_of_range(call, message):
+def test_attributes_out_of_range(call, message, wants_grad):
+    """The same ValueError whether the call goes straight to opforge or, for tensors that need a
+    gradient, through the torch op (whose own argument parser would raise RuntimeError)."""
     with pytest.raises(ValueError, match=re.escape(message)):
-        call()
+        call(lambda *shape: torch.ones(*shape, requires_grad=wants_grad))
 
 
 @pytest.mark.parametrize("call, error, message", [
-    (lambda: ot.gelu(torch.ones(3), "\udcff"), ValueError,
-     "gelu(): 'approximate' is not valid Unicode text (it has a lone surrogate)"),
     (lambda: ot.relu(torch.ones(1).expand(2**31, 2**31)), ValueError,
      "relu(): the result would have shape [2147483648, 2147483648] (float32), 2^63 bytes or more"),
     (lambda: torch.ops.opforge.relu(torch.ones(1).expand(2**31, 2**31)), ValueError,
