@@ -78,7 +78,8 @@ at::Tensor allocate(Backend& backend, const TensorView& view) {
   if (view.nbytes() < kBackendAllocationBytes) return at::empty(view.shape, options);
   void* data = backend.allocate(view.nbytes(), view.device, nullptr);
   Backend* owner = &backend;
-  return at::from_blob(data, view.shape, view.strides, [owner](void* p) { owner->release(p, Device{DeviceType::cpu, 0}, nullptr); }, options);
+  auto release = [owner](void* p) { owner->release(p, Device{DeviceType::cpu, 0}, nullptr); };
+  return at::from_blob(data, view.shape, view.strides, release, options);
 }
 
 PyObject* raise(const Error& error) {
