@@ -34,8 +34,10 @@ using namespace opforge::cpu::HWY_NAMESPACE;
 constexpr int64_t kBlock = 16;  // vectors
 
 // One row: g, x, w and gx are contiguous rows of n elements; pw and pb accumulate the
-// grad_weight and grad_bias partials (with kPartials: either is wanted, OpDef::output_mask_slot).
-template <typename T, bool kPartials>
+// grad_weight and grad_bias partials. Which are wanted (OpDef::output_mask_slot): kGx, grad_x
+// (without it gx is unused and the row needs only its mean and variance); kPartials, either
+// column sum.
+template <typename T, bool kGx, bool kPartials>
 void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT pw, Compute<T>* HWY_RESTRICT pb, const T* HWY_RESTRICT g,
          const T* HWY_RESTRICT x, const T* HWY_RESTRICT w, int64_t n, double eps, bool stream) {
   using C = Compute<T>;
@@ -67,11 +69,13 @@ void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT pw, Compute<T>* HWY_RESTRI
     auto ss_b = hn::Zero(d), c_b = hn::Zero(d), gw_b = hn::Zero(d), dot_b = hn::Zero(d);
     for (; i + lanes <= stop; i += lanes) {
       const auto dv = hn::Sub(hn::Sub(LoadAs(d, x + i), vbase), vmu);
-      const auto gwv = hn::Mul(LoadAs(d, g + i), LoadAs(d, w + i));
       ss_b = hn::MulAdd(dv, dv, ss_b);
       c_b = hn::Add(c_b, dv);
-      gw_b = hn::Add(gw_b, gwv);
-      dot_b = hn::MulAdd(gwv, dv, dot_b);
+      if constexpr (kGx) {
+        const auto gwv = hn::Mul(LoadAs(d, g + i), LoadAs(d, w + i));
+        gw_b = hn::Add(gw_b, gwv);
+        dot_b = hn::MulAdd(gwv, dv, dot_b);
+      }
     }
     ss_v = hn::Add(ss_v, ss_b);
     c_v = hn::Add(c_v, c_b);
@@ -81,7 +85,7 @@ void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT pw, Compute<T>* HWY_RESTRI
   C ss = hn::GetLane(hn::SumOfLanes(d, ss_v)), c = hn::GetLane(hn::SumOfLanes(d, c_v));
   C gw_sum = hn::GetLane(hn::SumOfLanes(d, gw_v)), dot = hn::GetLane(hn::SumOfLanes(d, dot_v));
   for (; i < n; ++i) {
-    const C di = (ToCompute(x[i]) - base) - mu, gwi = ToCompute(g[i]) * ToCompute(w[i]);
+    const C di = (ToCompute(x[i]) - base) - mu, gwi = kGx ? ToCompute(g[i]) * ToCompute(w[i]) : C(0);
     ss += di * di;
     c += di;
     gw_sum += gwi;
@@ -98,6 +102,20 @@ void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT pw, Compute<T>* HWY_RESTRI
 
   const auto vrstd = hn::Set(d, rstd), vcoef = hn::Set(d, xhat_coef), voffset = hn::Set(d, offset);
   const auto vmu2 = hn::Set(d, mu);
+  if constexpr (!kGx) {  // only the partials: grad * xhat and grad
+    for (i = 0; i + lanes <= n; i += lanes) {
+      const auto gv = LoadAs(d, g + i);
+      const auto xhat = hn::Mul(hn::Sub(hn::Sub(LoadAs(d, x + i), vbase), vmu2), vrstd);
+      hn::StoreU(hn::MulAdd(gv, xhat, hn::LoadU(d, pw + i)), d, pw + i);
+      hn::StoreU(hn::Add(gv, hn::LoadU(d, pb + i)), d, pb + i);
+    }
+    for (; i < n; ++i) {
+      const C gk = ToCompute(g[i]);
+      pw[i] += gk * (((ToCompute(x[i]) - base) - mu) * rstd);
+      pb[i] += gk;
+    }
+    return;
+  }
   // Writes grad_x and, element by element in the same sweep, adds into the partials.
   WriteRow(gx, n, stream,
            [&](int64_t k) {
@@ -120,9 +138,9 @@ void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT pw, Compute<T>* HWY_RESTRI
            });
 }
 
-// Results not asked for (output_mask) are empty: grad_x then goes to a scratch row (the
-// partials need the same per-row statistics), and without grad_weight and grad_bias no
-// partials are kept.
+// Results not asked for (output_mask) are empty: without grad_x a row computes only its mean,
+// variance and partials; without grad_weight and grad_bias no partials are kept (then grad_x
+// is wanted: run_kernel skips a call whose results are all empty).
 template <typename T, bool kPartials>
 void Backward(const KernelCall& call) {
   using C = Compute<T>;
@@ -146,12 +164,14 @@ void Backward(const KernelCall& call) {
   std::vector<C> partial_w(partial_size, C(0)), partial_b(partial_size, C(0));
   const bool stream = want_gx && StreamsOutput<T>(rows * n);
   parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> g_buf, x_buf, scratch(want_gx ? 0 : n);
+    std::vector<T> g_buf, x_buf;
     for (int64_t k = begin; k < end; ++k) {
       const int64_t at = kPartials ? k * n : 0;
       for (int64_t r = rows * k / chunks; r < rows * (k + 1) / chunks; ++r)
-        Row<T, kPartials>(want_gx ? gx + r * n : scratch.data(), partial_w.data() + at, partial_b.data() + at,
-                          RowOf(grad, r, n, g_buf), RowOf(x, r, n, x_buf), w, n, eps, stream);
+        want_gx ? Row<T, true, kPartials>(gx + r * n, partial_w.data() + at, partial_b.data() + at,
+                                          RowOf(grad, r, n, g_buf), RowOf(x, r, n, x_buf), w, n, eps, stream)
+                : Row<T, false, true>(nullptr, partial_w.data() + at, partial_b.data() + at, RowOf(grad, r, n, g_buf),
+                                      RowOf(x, r, n, x_buf), w, n, eps, false);
     }
     StreamFence(stream);
   });
