@@ -189,11 +189,11 @@ def reference(name: str, near: str | Path | None = None):
     raise ImportError(f"no reference for {name}: no {name}/reference.py beside {near}, none installed")
 
 
-def torch_ops_dispatched(fn) -> list[str]:
+def torch_ops_dispatched(fn, arguments: bool = False) -> list:
     """Runs fn() and returns the names of the opforge ops it sent through torch's dispatcher
     below autograd, in order: what a forward or backward really ran (a saving forward in place
-    of its op, a backward op or none)."""
-    import torch
+    of its op, a backward op or none). With arguments, (name, {argument name: value}) pairs:
+    what the adapters passed (a backward op's output_mask, say)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     seen = []
@@ -201,7 +201,9 @@ def torch_ops_dispatched(fn) -> list[str]:
     class Log(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func.namespace == "opforge":
-                seen.append(func._opname)
+                names = [a.name for a in func._schema.arguments]
+                bound = {**dict(zip(names, args)), **(kwargs or {})}
+                seen.append((func._opname, bound) if arguments else func._opname)
             return func(*args, **(kwargs or {}))
 
     with Log():

@@ -16,6 +16,7 @@ import torch
 import opforge
 import opforge.torch as ot
 from op_samples import CORE, OPS
+from opforge.testing import torch_ops_dispatched
 
 MASKED = [n for n in OPS if any(a["name"] == "output_mask" for a in CORE[n].args)]
 DTYPES = ["float32", "float64", "bfloat16"]
@@ -116,20 +117,8 @@ def test_a_mask_outside_the_results_is_a_value_error(mask, rng):
 def masks_sent(fn):
     """Runs fn() and returns {backward op: output_mask} for the masked backward ops it sent
     through torch's dispatcher."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    sent = {}
-
-    class Log(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.namespace == "opforge" and func._opname in MASKED:
-                names = [a.name for a in func._schema.arguments]
-                sent[func._opname] = {**dict(zip(names, args)), **(kwargs or {})}.get("output_mask", -1)
-            return func(*args, **(kwargs or {}))
-
-    with Log():
-        fn()
-    return sent
+    return {name: bound.get("output_mask", -1) for name, bound in torch_ops_dispatched(fn, arguments=True)
+            if name in MASKED}
 
 
 def leaf(rng, shape, wanted):
