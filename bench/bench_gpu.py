@@ -320,6 +320,10 @@ def main(argv=None):
 
     with_refs = [n for n in opforge._core.op_names()
                  if importlib.util.find_spec(f"opforge.references.{n}") and not n.endswith("_backward")]
+    # The targets first (norms, softmax, elementwise), so a --budget-s cut drops the rest.
+    first = ["rms_norm", "layer_norm", "softmax", "add", "mul", "silu", "gelu", "relu", "rope", "scatter_add",
+             "linear_act"]
+    with_refs = [n for n in first if n in with_refs] + [n for n in with_refs if n not in first]
     ops = args.ops.split(",") if args.ops else with_refs + ["matmul_q"]
     props = torch.cuda.get_device_properties(0)
     l2_bytes = getattr(props, "L2_cache_size", 50 << 20)

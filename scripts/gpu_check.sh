@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One run on a GPU machine (the H100 test machine: no network, one 10-minute command): builds
-# opforge with its CUDA kernels, runs the GPU tests, compute-sanitizer (memcheck, racecheck) over a
-# focused GPU subset, the GPU benchmark, then the rest of the test suite with the time left.
+# One run on a GPU machine (the H100/H200 test machine: no network, one 10-minute command): builds
+# opforge with its CUDA kernels, runs the GPU tests, the GPU benchmark, the whole test suite with
+# the GPU present (in parallel with pytest-xdist where it is installed), compute-sanitizer
+# (memcheck, racecheck) over a focused GPU subset, and the torch adapter built elsewhere
+# (stable ABI), in that order, each step with the time the earlier ones left.
 # Every step is logged; a failing step does not stop the later ones; the exit status is 1 if
 # any step failed. Run from the repository root:
 #
@@ -9,17 +11,14 @@
 #   bash scripts/gpu_check.sh --bundle-deps DIR     # on a dev machine: Highway + DLPack headers
 #                                                   # into DIR, for a GPU machine without them
 #
-# Logs, the summary and bench results go to $OUT when set (the device runner brings that back),
+# The summary, the ops_cuda benchmark tables and one archive of the step logs
+# (gpu_check_logs.tar.gz: the device runner brings back at most 8 files) go to $OUT when set,
 # else bench/results/. The build uses build/gpu-deps (from --bundle-deps) when the system has no
-# Highway. Time budget: about 9 minutes in all; later steps get what the earlier ones left.
+# Highway. Time budget: GPU_CHECK_BUDGET_S (default 540 s) in all.
 #
-# All steps do not fit one 10-minute command: GPU_CHECK_STEPS (comma-separated step names, or
-# "all") picks them. The plan for one session: two calls on the same warm machine (the second
-# build is incremental):
-#   bash scripts/gpu_check.sh                                   # build, test_cuda,
-#                                                               # stable_abi_foreign_binary,
-#                                                               # memcheck, racecheck (the default)
-#   GPU_CHECK_STEPS=build,bench,suite bash scripts/gpu_check.sh # the benchmark, the whole suite
+# GPU_CHECK_STEPS (comma-separated step names, or "all", the default) picks the steps; a second
+# call on the same warm machine reruns what the first cut short (its build is incremental), e.g.
+#   GPU_CHECK_STEPS=memcheck,racecheck bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,9 +49,10 @@ fi
 
 START=$SECONDS
 TOTAL_BUDGET=${GPU_CHECK_BUDGET_S:-540}
-LOGS="${OUT:-bench/results}"
-mkdir -p "$LOGS"
-SUMMARY="$LOGS/gpu_check_summary.txt"
+RESULTS="${OUT:-bench/results}"
+LOGS=$(mktemp -d /tmp/gpu_check_logs.XXXX)  # archived into $RESULTS at the end
+mkdir -p "$RESULTS"
+SUMMARY="$RESULTS/gpu_check_summary.txt"
 : > "$SUMMARY"
 failed=0
 
@@ -61,7 +61,7 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 
 # step NAME CAP_SECONDS COMMAND...: runs with min(CAP, time left), SIGINT first (pytest then
 # prints its summary), logs to $LOGS/gpu_check_NAME.log.
-STEPS=${GPU_CHECK_STEPS:-build,test_cuda,stable_abi_foreign_binary,memcheck,racecheck}
+STEPS=${GPU_CHECK_STEPS:-all}
 wanted() { [[ $STEPS == all || ",$STEPS," == *",$1,"* ]]; }
 
 step() {
@@ -126,16 +126,48 @@ if [[ $PY == python3 ]] && python3 -m pip install --help 2>/dev/null | grep -q b
 fi
 step build 330 "${install[@]}"
 if ! "$PY" -c 'import opforge, sys; i = opforge.info(); print(i["backends"]); sys.exit(0 if i["built_with_cuda"] else 1)' 2>&1 | tee -a "$SUMMARY"; then
-  note "FAIL  opforge is not importable or was built without CUDA: see $LOGS/gpu_check_build.log"
+  note "FAIL  opforge is not importable or was built without CUDA: see gpu_check_build.log"
+  tar -czf "$RESULTS/gpu_check_logs.tar.gz" -C "$LOGS" .
   exit 1
 fi
 
 # JAX would take 75% of the GPU at its first use; torch and the sanitizer need room too.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 pytest=("$PY" -m pytest -p no:cacheprovider)
+pytest_parallel=("${pytest[@]}")
+if "$PY" -c 'import xdist' 2> /dev/null; then
+  pytest_parallel+=(-n "${GPU_CHECK_WORKERS:-12}")  # its workers print no totals: the exit status counts
+fi
 
 # --- the GPU tests first: every op with a CUDA kernel, every dtype, torch / jax / CuPy ------------
 step test_cuda 150 "${pytest[@]}" -rfEs tests/python/test_cuda.py
+
+# --- the benchmark (its tables are written as it goes; the issue's ops first) -----------------------
+bench_budget=${GPU_CHECK_BENCH_S:-150}
+step bench $((bench_budget + 60)) "$PY" bench/bench_gpu.py --mib 256 --repeats 30 --out "$RESULTS" --budget-s "$bench_budget"
+
+# --- everything else, with the GPU present (test_torch's and test_jax's CUDA cases included) -----
+step suite 200 "${pytest_parallel[@]}" -rfE tests/python ops --ignore=tests/python/test_cuda.py
+
+# --- compute-sanitizer over small GPU cases (every kernel, float32; the tiling edges of matmul_q) --
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
+subset="torch_tensors_match_cpu and float32 or matmul_q_bits_match_cpu and (m9- or m70-) or strided_inputs and float16"
+# Without torch's caching allocator every tensor is its own allocation, so memcheck sees overruns
+# that would otherwise land inside a cached block.
+if ! wanted memcheck && ! wanted racecheck; then
+  :
+elif [[ -z "$SAN" ]]; then
+  note "FAIL  compute-sanitizer not found (memcheck and racecheck not run)"
+  failed=1
+else
+  step memcheck 90 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SAN" --tool memcheck --target-processes all --error-exitcode 9 \
+    "${pytest[@]}" -x tests/python/test_cuda.py -k "$subset"
+  # racecheck looks at shared memory: the kernels that use it (norms, softmax, reductions, matmul_q).
+  step racecheck 70 "$SAN" --tool racecheck --target-processes all --error-exitcode 9 \
+    "${pytest[@]}" -x tests/python/test_cuda.py \
+    -k "torch_tensors_match_cpu and float32 and (matmul_q or norm or softmax or backward) or matmul_q_bits_match_cpu and m70-"
+fi
+
 
 # --- the stable-ABI promise: the torch adapter built on the development machine (newer torch
 # headers, TORCH_TARGET_VERSION 2.11), carried in build/gpu-deps/stable-abi/, loaded by this
@@ -150,40 +182,12 @@ elif [[ -f $stable ]]; then
   note "stable ABI: adapter built with torch $(cat build/gpu-deps/stable-abi/built-with-torch.txt 2>/dev/null), running on $("$PY" -c 'import torch; print(torch.__version__)')"
   cp "$site/libopforge_torch.so" /tmp/libopforge_torch.native-build.so
   cp "$stable" "$site/libopforge_torch.so"
-  step stable_abi_foreign_binary 120 "${pytest[@]}" -x tests/python/test_torch.py
+  step stable_abi_foreign_binary 120 "${pytest_parallel[@]}" -x tests/python/test_torch.py
   cp /tmp/libopforge_torch.native-build.so "$site/libopforge_torch.so"
 else
   note "SKIP  stable_abi_foreign_binary (no $stable: run --bundle-deps on the development machine)"
 fi
 
-# --- compute-sanitizer over small GPU cases (every kernel, float32; the tiling edges of matmul_q) --
-SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
-subset="torch_tensors_match_cpu and float32 or matmul_q_bits_match_cpu and (m9- or m70-) or strided_inputs and float16"
-# Without torch's caching allocator every tensor is its own allocation, so memcheck sees overruns
-# that would otherwise land inside a cached block.
-if ! wanted memcheck && ! wanted racecheck; then
-  :
-elif [[ -z "$SAN" ]]; then
-  note "FAIL  compute-sanitizer not found (memcheck and racecheck not run)"
-  failed=1
-else
-  step memcheck 110 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SAN" --tool memcheck --target-processes all --error-exitcode 9 \
-    "${pytest[@]}" -x tests/python/test_cuda.py -k "$subset"
-  # racecheck looks at shared memory: the kernels that use it (norms, softmax, reductions, matmul_q).
-  step racecheck 90 "$SAN" --tool racecheck --target-processes all --error-exitcode 9 \
-    "${pytest[@]}" -x tests/python/test_cuda.py \
-    -k "torch_tensors_match_cpu and float32 and (matmul_q or norm or softmax or backward) or matmul_q_bits_match_cpu and m70-"
-fi
-
-# --- the benchmark (its tables are written as it goes) --------------------------------------------
-bench_budget=$(left)
-wanted suite && bench_budget=$(( bench_budget - 200 ))  # leave the suite its share
-(( bench_budget > 400 )) && bench_budget=400
-(( bench_budget < 30 )) && bench_budget=30
-step bench $((bench_budget + 60)) "$PY" bench/bench_gpu.py --mib 256 --repeats 30 --out "$LOGS" --budget-s "$bench_budget"
-
-# --- everything else, with the GPU present (test_torch's and test_jax's CUDA cases included) -----
-step suite 600 "${pytest[@]}" -rfE tests/python ops --ignore=tests/python/test_cuda.py
-
-note "total $((SECONDS - START))s; logs in $LOGS"
+note "total $((SECONDS - START))s; logs in $RESULTS/gpu_check_logs.tar.gz"
+tar -czf "$RESULTS/gpu_check_logs.tar.gz" -C "$LOGS" .
 exit $failed
