@@ -193,11 +193,13 @@ def build_plugin(folders, output: str | Path | None = None, *, compiler: str | N
         # plugin's ops join that copy's registry.
         partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         # CUDA kernels link the static CUDA runtime, as libopforge.so does: streams and device
-        # memory are the driver's, so the two runtimes' handles are interchangeable.
+        # memory are the driver's, so the two runtimes' handles are interchangeable. What static
+        # archives bring (that runtime; libstdc++ where the compiler links it statically) stays
+        # hidden in the plugin, as in libopforge.so (CMakeLists.txt says why).
         cuda_libs = ([f"-L{cuda.library_dir}", "-lcudart_static", "-ldl", "-lrt", "-lpthread"]
                      if has_cuda else [])
         _run([compiler, "-shared", *map(str, objects), "-o", str(partial), f"-L{PACKAGE}", "-lopforge", "-lhwy",
-              *cuda_libs, f"-Wl,-rpath,{PACKAGE}"], f"linking {target.name}", verbose)
+              *cuda_libs, f"-Wl,-rpath,{PACKAGE}", "-Wl,--exclude-libs,ALL"], f"linking {target.name}", verbose)
         refs = references_dir(target)
         shutil.rmtree(refs, ignore_errors=True)
         for ref in _references(sources):

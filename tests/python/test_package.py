@@ -125,3 +125,40 @@ def test_console_script():
     (script,) = importlib.metadata.entry_points(group="console_scripts", name="opforge")
     assert script.value == "opforge.cli:main"
     assert callable(script.load())
+
+
+# Symbols only the C++ runtime and the CUDA runtime define: a library of opforge's exporting one
+# carries a static copy of that runtime. Torch's shared libstdc++ then takes over some calls of
+# that copy, and the first error message that formats a number crashes (seen with a compiler that
+# links libstdc++ statically: CMakeLists.txt hides static archives' symbols for that reason).
+RUNTIME_SYMBOLS = ("_ZNSt6locale", "_ZNSo9_M_insert", "__cxa_allocate_exception", "__gxx_personality_v0",
+                   "cudaMalloc", "cudaLaunchKernel")
+
+
+def test_libraries_export_no_static_runtime():
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    if not shutil.which("nm"):
+        pytest.skip("nm (binutils) is not installed")
+    libraries = sorted(Path(opforge.__file__).parent.glob("*.so"))
+    assert any(p.name == "libopforge.so" for p in libraries)
+    for library in libraries:
+        out = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True)
+        exported = [line.split()[-1] for line in out.stdout.splitlines() if line.strip()]
+        leaked = [s for s in exported if s.startswith(RUNTIME_SYMBOLS)]
+        assert not leaked, f"{library.name} exports {len(leaked)} runtime symbols, e.g. {leaked[:3]}"
+
+
+def test_error_messages_after_torch_loads():
+    """The numbers in a validation message format the same once torch's libraries are loaded."""
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, opforge, torch\n"
+            "try:\n    opforge.rms_norm(np.ones((2, 4), np.float32), np.ones(3, np.float32))\n"
+            "except ValueError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "rms_norm(): 'weight' must have shape [4], got [3]"
