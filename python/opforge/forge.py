@@ -8,7 +8,9 @@ other aten op falls back to the CPU (fallback_ops() lists which did; set_fallbac
 that an error). Several virtual devices: OPFORGE_FORGE_DEVICES (default 2).
 
 ``import torch`` loads it through the ``torch.backends`` entry point (TORCH_DEVICE_BACKEND_AUTOLOAD=0
-turns that off); ``import opforge.forge`` loads it explicitly. The C++ part
+turns that off), except beside a GPU torch can use: torch then takes forge for its accelerator
+and CUDA backward passes fail (pytorch/pytorch#161129; opforge_autoload says more);
+``import opforge.forge`` loads it explicitly (with a warning beside a GPU). The C++ part
 (libopforge_forge.so, bindings/forge) uses torch's full C++ API, so it loads only on the torch
 it was built against; any other raises ImportError here.
 
@@ -441,6 +443,19 @@ def _add_ops(names: list[str]) -> None:
         raise RuntimeError("opforge.forge: " + errors.decode())
 
 
+def _warn_beside_a_gpu() -> None:
+    from opforge_autoload import gpu_in_use_by_torch
+
+    if gpu_in_use_by_torch():
+        import warnings
+
+        warnings.warn("opforge.forge: torch takes the forge device (PrivateUse1) for its accelerator from now on, so "
+                      "backward passes over CUDA tensors fail in this process (torch's autograd engine: "
+                      "'opt_ready_stream && opt_parent_stream INTERNAL ASSERT FAILED', pytorch/pytorch#161129); "
+                      "use forge in a process of its own", RuntimeWarning, stacklevel=3)
+
+
 _lib = _load_library()
+_warn_beside_a_gpu()
 _register_backend()
 atexit.register(_drain_at_exit)

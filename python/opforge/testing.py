@@ -189,6 +189,19 @@ def reference(name: str, near: str | Path | None = None):
     raise ImportError(f"no reference for {name}: no {name}/reference.py beside {near}, none installed")
 
 
+FORGE_BESIDE_A_GPU = ("forge is not loaded beside a GPU: torch would take it for its accelerator and fail every CUDA "
+                      "backward in this process (pytorch/pytorch#161129); OPFORGE_TEST_FORGE=1 runs these tests "
+                      "(in a pytest process of their own)")
+
+
+def forge_testable() -> bool:
+    """Whether this test process may load the forge device: not beside a GPU torch can use (see
+    FORGE_BESIDE_A_GPU), unless OPFORGE_TEST_FORGE=1 says this process is for forge's tests."""
+    from opforge_autoload import gpu_in_use_by_torch
+
+    return os.environ.get("OPFORGE_TEST_FORGE") == "1" or not gpu_in_use_by_torch()
+
+
 def torch_ops_dispatched(fn, arguments: bool = False) -> list:
     """Runs fn() and returns the names of the opforge ops it sent through torch's dispatcher
     below autograd, in order: what a forward or backward really ran (a saving forward in place

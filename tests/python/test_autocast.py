@@ -11,8 +11,12 @@ import pytest
 import torch
 
 import opforge
-import opforge.forge  # noqa: F401  (the forge device)
 import opforge.torch as ot
+from opforge.testing import FORGE_BESIDE_A_GPU, forge_testable
+
+if forge_testable():
+    import opforge.forge  # noqa: F401  (the forge device)
+needs_forge = pytest.mark.skipif(not forge_testable(), reason=FORGE_BESIDE_A_GPU)
 
 POLICIES = {"linear_act": "lower_precision", "matmul_q": "lower_precision", "rms_norm": "fp32",
             "layer_norm": "fp32", "softmax": "fp32", "add": "promote", "mul": "promote", "rope": "promote",
@@ -47,7 +51,7 @@ def cases(rng, device):
     yield "linear_act float64 stays", (x.double(), w.double()), {}, lambda low: ot.linear_act(x.double(), w.double())
 
 
-@pytest.mark.parametrize("device", ["cpu", "forge"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("forge", marks=needs_forge)])
 @pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
 def test_each_policy_matches_casting_by_hand(device, low, rng):
     for label, args, kwargs, want in cases(rng, device):
@@ -63,6 +67,7 @@ def test_each_policy_matches_casting_by_hand(device, low, rng):
                 assert ot.linear_act(*args, **kwargs).dtype == torch.float32
 
 
+@needs_forge
 def test_the_other_device_type_casts_nothing(rng):
     """Autocast for forge leaves CPU tensors alone, as torch's autocast does."""
     x, w = randn(rng, 5, 8), randn(rng, 3, 8)
@@ -95,6 +100,7 @@ def test_torch_compile_under_autocast(rng):
     assert torch.equal(got, ot.rms_norm(ot.linear_act(x.bfloat16(), w.bfloat16()).float(), torch.ones(3)))
 
 
+@needs_forge
 def test_forge_autocast_for_torch_ops(rng):
     """Matrix products in the lower precision, norms in float32, everything else passed through
     (creating tensors under autocast on forge failed before forge registered the pass-through)."""

@@ -18,6 +18,11 @@ import opforge  # noqa: E402
 if not (Path(opforge.__file__).parent / "libopforge_forge.so").exists():
     pytest.skip("opforge was built without the forge device", allow_module_level=True)
 
+from opforge.testing import FORGE_BESIDE_A_GPU, forge_testable  # noqa: E402
+
+if not forge_testable():
+    pytest.skip(FORGE_BESIDE_A_GPU, allow_module_level=True)
+
 import opforge.forge as forge  # noqa: E402
 
 from op_samples import CORE, FORWARD_OF, OPS, WITH_REFERENCE, sample  # noqa: E402
@@ -457,6 +462,32 @@ def test_import_torch_autoloads_forge():
     code = "import torch\nprint(torch.ones(2, device='forge').is_forge, hasattr(torch, 'forge'))\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.split() == ["True", "True"], out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("setting", ["", "1"])
+def test_no_autoload_beside_a_gpu(setting):
+    """Beside a GPU (simulated: the check says so) torch would take forge for its accelerator and
+    fail CUDA backward passes, so import torch leaves forge out unless OPFORGE_FORGE_AUTOLOAD=1;
+    an explicit import still loads it, with a warning naming the consequence."""
+    code = ("import opforge_autoload, warnings\n"
+            "opforge_autoload.gpu_in_use_by_torch = lambda: True\n"
+            "import torch\nprint(hasattr(torch, 'forge'))\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import opforge.forge\n"
+            "print(any('pytorch/pytorch#161129' in str(w.message) for w in caught), torch.ones(1, device='forge').is_forge)\n")
+    env = {**os.environ, "OPFORGE_FORGE_AUTOLOAD": setting}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    autoloaded = setting == "1"
+    # When autoloaded, the warning came at import torch (not caught here); the explicit import is a no-op.
+    assert out.returncode == 0 and out.stdout.split() == [str(autoloaded), str(not autoloaded), "True"], out.stderr[-2000:]
+
+
+def test_gpu_check_on_this_machine():
+    from opforge_autoload import gpu_in_use_by_torch
+
+    expected = bool(torch.version.cuda and torch.cuda.device_count() > 0 or getattr(torch.version, "hip", None))
+    assert gpu_in_use_by_torch() == expected
 
 
 def test_broken_opforge_does_not_break_import_torch(tmp_path):

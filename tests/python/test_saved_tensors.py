@@ -16,6 +16,7 @@ import torch
 
 import opforge
 import opforge.torch as ot
+from opforge.testing import FORGE_BESIDE_A_GPU, forge_testable
 from op_samples import CORE, OPS
 
 
@@ -92,6 +93,8 @@ def test_torch_compile_with_dynamic_shapes(rng):
 
 
 def test_forge_device(rng):
+    if not forge_testable():
+        pytest.skip(FORGE_BESIDE_A_GPU)
     import opforge.forge  # noqa: F401  (registers the device)
 
     x, b = (torch.from_numpy(rng.standard_normal(s)).float() for s in ((4, 5), (5,)))
