@@ -8,7 +8,7 @@
 // workspace.
 #include <cmath>
 
-#include "opforge/cuda/common.cuh"
+#include "opforge/cuda/rows.cuh"
 #include "opforge/registry.h"
 
 namespace opforge::layer_norm_backward_cuda {
@@ -16,30 +16,18 @@ namespace opforge::layer_norm_backward_cuda {
 constexpr int kThreads = 256;  // a multiple of 32
 constexpr int64_t kMaxChunks = 64;
 
-template <typename A>
-__device__ A block_sum(A v, A* shared) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();  // shared may still be read from the previous sum
-  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = shared[0];
-  for (int w = 1; w < blockDim.x / 32; ++w) v += shared[w];
-  return v;
-}
-
 template <typename T>
 __global__ void rows_kernel(T* gx, cuda::Acc<T>* moments, const T* g, cuda::Indexer g_rows, int64_t g_step,
                             const T* x, cuda::Indexer x_rows, int64_t x_step, const T* w, int64_t w_step,
                             int64_t rows, int64_t n, double eps) {
   using A = cuda::Acc<T>;
-  __shared__ A shared[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* grow = g + g_rows.offset(r);
     const T* xrow = x + x_rows.offset(r);
     const A shift = cuda::load(xrow);
     A sum = 0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += cuda::load(xrow + i * x_step) - shift;
-    const A approx = block_sum(sum, shared) / A(n);
+    const A approx = cuda::block_sum(sum) / A(n);
     const A base = shift + approx;  // TwoSum: base + mu == shift + approx exactly
     const A back = base - shift;
     A mu = (shift - (base - back)) + (approx - back);
@@ -52,10 +40,10 @@ __global__ void rows_kernel(T* gx, cuda::Acc<T>* moments, const T* g, cuda::Inde
       gw_sum += gw;
       dot += gw * d;
     }
-    ss = block_sum(ss, shared);
-    const A correction = block_sum(c, shared) / A(n);
-    gw_sum = block_sum(gw_sum, shared);
-    dot = block_sum(dot, shared) - correction * gw_sum;
+    ss = cuda::block_sum(ss);
+    const A correction = cuda::block_sum(c) / A(n);
+    gw_sum = cuda::block_sum(gw_sum);
+    dot = cuda::block_sum(dot) - correction * gw_sum;
     mu += correction;
     const A var = fmax(ss / A(n) - correction * correction, A(0));
     const A rstd = A(1) / sqrt(var + A(eps));

@@ -1,4 +1,5 @@
-// mul on CUDA: broadcasting through per-operand indexers (stride 0 on broadcast dims).
+// mul on CUDA: same-shape contiguous operands in 16-byte packs (cuda::map_contiguous); others
+// broadcast through per-operand indexers (stride 0 on broadcast dims).
 #include <type_traits>
 
 #include "opforge/cuda/common.cuh"
@@ -16,6 +17,10 @@ __device__ __forceinline__ A times(A a, A b) {
   }
 }
 
+struct Times {
+  template <typename A> __device__ A operator()(A a, A b) const { return times(a, b); }
+};
+
 template <typename T>
 __global__ void kernel(T* out, const T* x, cuda::Indexer ix, const T* y, cuda::Indexer iy, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -30,6 +35,7 @@ void run(const KernelCall& call) {
   const auto iy = cuda::make_indexer("mul", out.shape, broadcast_strides(y, out.shape));
   cuda::visit(x.dtype, "mul", [&](auto tag) {
     using T = decltype(tag);
+    if (cuda::try_map_contiguous<T, 2>(out, {&x, &y}, Times{}, cuda::stream_of(call))) return;
     const int threads = 256;
     kernel<T><<<cuda::blocks_for(out.numel(), threads), threads, 0, cuda::stream_of(call)>>>(
         out.data_as<T>(), x.data_as<const T>(), ix, y.data_as<const T>(), iy, out.numel());

@@ -1,49 +1,43 @@
-// softmax on CUDA: one block per row; block-wide max, then sum of exp(x - max), then the
-// scaled store. A row holding NaN or +inf is NaN throughout, as in torch.
+// softmax on CUDA: one block per row (cuda/rows.cuh; contiguous aligned rows read once into
+// registers); block-wide max, then sum of exp(x - max), then the scaled store. A row holding
+// NaN or +inf is NaN throughout, as in torch.
 #include <cmath>
 
-#include "opforge/cuda/common.cuh"
+#include "opforge/cuda/rows.cuh"
 #include "opforge/registry.h"
 
 namespace opforge::softmax_cuda {
 
-constexpr int kThreads = 256;  // a multiple of 32
+constexpr int kThreads = 256;  // for strided rows
 
-// Reduces v over the block with op; every thread gets the result. shared holds 32 values.
-template <typename A, typename Op>
-__device__ A block_reduce(A v, A* shared, Op op) {
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();  // shared may still be read from the previous reduction
-  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = shared[0];
-  for (int w = 1; w < blockDim.x / 32; ++w) v = op(v, shared[w]);
-  return v;
+template <typename T, class Row>
+__device__ __forceinline__ void softmax_row(T* out, const Row& row) {
+  using A = cuda::Acc<T>;
+  const A inf = INFINITY;
+  A m = -inf;
+  int bad = 0;
+  row.each([&](int64_t, A v) {
+    bad |= !(v < inf);
+    m = fmax(m, v);
+  });
+  bad = __syncthreads_or(bad);
+  m = cuda::block_reduce(m, cuda::Max{});
+  A s = 0;
+  row.each([&](int64_t, A v) { s += exp(v - m); });
+  s = cuda::block_sum(s);  // NaN when every entry is -inf
+  const A inv = bad ? A(NAN) : A(1) / s;
+  row.store(out, [&](int64_t, A v) { return exp(v - m) * inv; });
 }
 
 template <typename T>
-__global__ void kernel(T* out, const T* x, cuda::Indexer rows_ix, int64_t step, int64_t rows, int64_t n) {
-  using A = cuda::Acc<T>;
-  __shared__ A shared[32];
-  const A inf = INFINITY;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* row = x + rows_ix.offset(r);
-    A m = -inf;
-    int bad = 0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      const A v = cuda::load(row + i * step);
-      bad |= !(v < inf);
-      m = fmax(m, v);
-    }
-    bad = __syncthreads_or(bad);
-    m = block_reduce(m, shared, [](A a, A b) { return fmax(a, b); });
-    A s = 0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += exp(cuda::load(row + i * step) - m);
-    s = block_reduce(s, shared, [](A a, A b) { return a + b; });  // NaN when every entry is -inf
-    const A inv = bad ? A(NAN) : A(1) / s;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-      cuda::store(out + r * n + i, exp(cuda::load(row + i * step) - m) * inv);
-  }
+__global__ void strided_kernel(T* out, const T* x, cuda::Indexer rows_ix, int64_t step, int64_t rows, int64_t n) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    softmax_row(out + r * n, cuda::StridedRow<T>{x + rows_ix.offset(r), step, n});
+}
+
+template <typename T>
+__global__ void cached_kernel(T* out, const T* x, int64_t rows, int64_t n) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) softmax_row(out + r * n, cuda::CachedRow<T>(x + r * n, n));
 }
 
 void run(const KernelCall& call) {
@@ -60,9 +54,14 @@ void run(const KernelCall& call) {
     if constexpr (std::is_integral_v<T>) {
       fail(ErrorKind::not_implemented, "softmax(): no integer kernel");
     } else {
-      const unsigned blocks = static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16);
-      kernel<T><<<blocks, kThreads, 0, cuda::stream_of(call)>>>(out.data_as<T>(), x.data_as<const T>(), rows_ix,
-                                                                x.stride(-1), rows, n);
+      const cudaStream_t stream = cuda::stream_of(call);
+      if (const int threads = cuda::cached_row_threads(x, out, sizeof(T))) {
+        cached_kernel<T><<<cuda::row_blocks(rows), threads, 0, stream>>>(out.data_as<T>(), x.data_as<const T>(), rows,
+                                                                          n);
+      } else {
+        strided_kernel<T><<<cuda::row_blocks(rows), kThreads, 0, stream>>>(out.data_as<T>(), x.data_as<const T>(),
+                                                                            rows_ix, x.stride(-1), rows, n);
+      }
     }
   });
   cuda::check_launch("softmax");

@@ -1,34 +1,22 @@
 // softmax_backward on CUDA: one block per row; a block-wide sum of grad * y, then
 // y * (grad - sum). grad and result broadcast over the output's leading dimensions.
-#include "opforge/cuda/common.cuh"
+#include "opforge/cuda/rows.cuh"
 #include "opforge/registry.h"
 
 namespace opforge::softmax_backward_cuda {
 
 constexpr int kThreads = 256;  // a multiple of 32
 
-template <typename A>
-__device__ A block_sum(A v, A* shared) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();  // shared may still be read from the previous row
-  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = shared[0];
-  for (int w = 1; w < blockDim.x / 32; ++w) v += shared[w];
-  return v;
-}
-
 template <typename T>
 __global__ void kernel(T* out, const T* g, cuda::Indexer g_rows, int64_t g_step, const T* y, cuda::Indexer y_rows,
                        int64_t y_step, int64_t rows, int64_t n) {
   using A = cuda::Acc<T>;
-  __shared__ A shared[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* grow = g + g_rows.offset(r);
     const T* yrow = y + y_rows.offset(r);
     A dot = 0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dot += cuda::load(grow + i * g_step) * cuda::load(yrow + i * y_step);
-    dot = block_sum(dot, shared);
+    dot = cuda::block_sum(dot);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
       cuda::store(out + r * n + i, cuda::load(yrow + i * y_step) * (cuda::load(grow + i * g_step) - dot));
   }

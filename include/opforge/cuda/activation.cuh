@@ -118,6 +118,7 @@ void launch_unary(const KernelCall& call, const char* op, F f) {
   const Indexer ix = make_indexer(op, x.shape, x.strides);
   visit_float(x.dtype, op, [&](auto tag) {
     using T = decltype(tag);
+    if (try_map_contiguous<T, 1>(out, {&x}, f, stream_of(call))) return;
     const int threads = 256;
     unary_kernel<T><<<blocks_for(out.numel(), threads), threads, 0, stream_of(call)>>>(
         out.data_as<T>(), x.data_as<const T>(), ix, x.is_contiguous(), out.numel(), f);
@@ -135,6 +136,7 @@ void launch_grad(const KernelCall& call, const char* op, F f, const char* x_arg 
   const Indexer ix = make_indexer(op, out.shape, broadcast_strides(x, out.shape));
   visit_float(grad.dtype, op, [&](auto tag) {
     using T = decltype(tag);
+    if (try_map_contiguous<T, 2>(out, {&grad, &x}, f, stream_of(call))) return;
     const int threads = 256;
     binary_kernel<T><<<blocks_for(out.numel(), threads), threads, 0, stream_of(call)>>>(
         out.data_as<T>(), grad.data_as<const T>(), ig, x.data_as<const T>(), ix, out.numel(), f);

@@ -1,0 +1,108 @@
+// Row kernels (norms, softmax: one block per row of the last dimension) over two kinds of row:
+// - CachedRow: a contiguous, 16-byte aligned row is read once, in 16-byte packs, into registers,
+//   and every pass of the kernel (max, sums, the store) works on those: the row crosses HBM once
+//   and each thread keeps kRowPacks loads in flight (what HBM needs to run at full speed);
+// - StridedRow: any other row, read in place on every pass (the first kernels' way).
+// A kernel body written once against row.each / row.store runs on either.
+#pragma once
+
+#include "opforge/cuda/common.cuh"
+
+namespace opforge::cuda {
+
+inline constexpr int kRowPacks = 4;  // packs per thread in a CachedRow
+
+// v reduced over the block with op (blockDim.x a multiple of 32), the same value in every
+// thread: warp shuffles, then the warps' results in a fixed order.
+template <typename A, class Op>
+__device__ __forceinline__ A block_reduce(A v, Op op) {
+  __shared__ A warp_results[32];
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();  // the previous reduction's reads are done
+  if (threadIdx.x % 32 == 0) warp_results[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = warp_results[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) v = op(v, warp_results[w]);
+  return v;
+}
+
+struct Sum {
+  template <typename A> __device__ A operator()(A a, A b) const { return a + b; }
+};
+struct Max {
+  template <typename A> __device__ A operator()(A a, A b) const { return fmax(a, b); }
+};
+
+template <typename A>
+__device__ __forceinline__ A block_sum(A v) { return block_reduce(v, Sum{}); }
+
+// Element i of the row at row[i * step]; this thread's elements are threadIdx.x + k * blockDim.x.
+template <typename T>
+struct StridedRow {
+  const T* row;
+  int64_t step, n;
+
+  template <class F> __device__ void each(F f) const {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) f(i, load(row + i * step));
+  }
+  // out[i] = f(i, x[i]), out contiguous.
+  template <class F> __device__ void store(T* out, F f) const {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) cuda::store(out + i, f(i, load(row + i * step)));
+  }
+};
+
+// A contiguous row of n elements (a multiple of Pack<T>::kSize), 16-byte aligned, of at most
+// kRowPacks packs per thread; this thread's packs are threadIdx.x + k * blockDim.x.
+template <typename T>
+struct CachedRow {
+  using P = Pack<T>;
+  P packs[kRowPacks];
+  int64_t count;  // packs in the row
+
+  __device__ CachedRow(const T* row, int64_t n) : count(n / P::kSize) {
+#pragma unroll
+    for (int k = 0; k < kRowPacks; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (j < count) packs[k] = reinterpret_cast<const P*>(row)[j];
+    }
+  }
+  template <class F> __device__ void each(F f) const {
+#pragma unroll
+    for (int k = 0; k < kRowPacks; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (j < count)
+#pragma unroll
+        for (int e = 0; e < P::kSize; ++e) f(j * P::kSize + e, static_cast<Acc<T>>(packs[k].v[e]));
+    }
+  }
+  // out[i] = f(i, x[i]), out contiguous and 16-byte aligned.
+  template <class F> __device__ void store(T* out, F f) const {
+#pragma unroll
+    for (int k = 0; k < kRowPacks; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (j < count) {
+        P o;
+#pragma unroll
+        for (int e = 0; e < P::kSize; ++e)
+          o.v[e] = static_cast<T>(f(j * P::kSize + e, static_cast<Acc<T>>(packs[k].v[e])));
+        reinterpret_cast<P*>(out)[j] = o;
+      }
+    }
+  }
+};
+
+// Threads per block for CachedRow over x's rows (and results written to out), or 0 where the
+// rows must be read in place: x not contiguous, either not 16-byte aligned, the row length not a
+// whole number of packs, or rows longer than 1024 threads' packs.
+inline int cached_row_threads(const TensorView& x, const TensorView& out, int elem_bytes) {
+  const int64_t n = x.size(-1);
+  const int64_t per_pack = 16 / elem_bytes;
+  if (!x.is_contiguous() || !out.is_contiguous() || !aligned16(x.data) || !aligned16(out.data) || n % per_pack)
+    return 0;
+  const int64_t threads = ((n / per_pack + kRowPacks - 1) / kRowPacks + 31) / 32 * 32;
+  return threads > 1024 ? 0 : static_cast<int>(threads < 32 ? 32 : threads);
+}
+
+inline unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16); }
+
+}  // namespace opforge::cuda

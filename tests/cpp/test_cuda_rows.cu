@@ -1,0 +1,55 @@
+// Which rows the CUDA row kernels (norms, softmax) read once into registers (cuda/rows.cuh,
+// cached_row_threads) and with how many threads, and which tensors the elementwise kernels take
+// in 16-byte packs (common.cuh, Pack): host-side decisions, checked without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "opforge/cuda/rows.cuh"
+
+namespace opforge {
+namespace {
+
+alignas(16) char storage[64];  // never dereferenced: only the address's alignment matters
+
+TensorView view(std::vector<int64_t> shape, DType dtype = DType::float32, int64_t byte_offset = 0) {
+  TensorView t;
+  t.data = storage + byte_offset;
+  t.dtype = dtype;
+  t.shape = shape;
+  t.strides = contiguous_strides(shape);
+  return t;
+}
+
+TEST(CudaRows, ThreadsCoverTheRowInPacksOfFourPerThread) {
+  EXPECT_EQ(cuda::cached_row_threads(view({8, 4096}), view({8, 4096}), 4), 256);  // 1024 packs
+  EXPECT_EQ(cuda::cached_row_threads(view({8, 1000}), view({8, 1000}), 4), 64);   // 250 packs -> 63 -> 64
+  EXPECT_EQ(cuda::cached_row_threads(view({8, 64}), view({8, 64}), 4), 32);       // a warp at least
+  EXPECT_EQ(cuda::cached_row_threads(view({2, 16384}), view({2, 16384}), 4), 1024);
+  EXPECT_EQ(cuda::cached_row_threads(view({2, 4096}, DType::float16), view({2, 4096}, DType::float16), 2), 128);
+  EXPECT_EQ(cuda::cached_row_threads(view({2, 4096}, DType::float64), view({2, 4096}, DType::float64), 8), 512);
+}
+
+TEST(CudaRows, OtherRowsAreReadInPlace) {
+  EXPECT_EQ(cuda::cached_row_threads(view({2, 16388}), view({2, 16388}), 4), 0);  // over 1024 threads
+  EXPECT_EQ(cuda::cached_row_threads(view({8, 4097}), view({8, 4097}), 4), 0);   // not whole packs
+  EXPECT_EQ(cuda::cached_row_threads(view({8, 4096}, DType::float32, 4), view({8, 4096}), 4), 0);  // unaligned
+  EXPECT_EQ(cuda::cached_row_threads(view({8, 4096}), view({8, 4096}, DType::float32, 8), 4), 0);
+  TensorView strided = view({8, 4096});
+  strided.strides = {8192, 1};  // every other row of a larger tensor
+  EXPECT_EQ(cuda::cached_row_threads(strided, view({8, 4096}), 4), 0);
+}
+
+TEST(CudaRows, PacksAreSixteenBytes) {
+  EXPECT_EQ(sizeof(cuda::Pack<float>), 16u);
+  EXPECT_EQ(cuda::Pack<float>::kSize, 4);
+  EXPECT_EQ(cuda::Pack<__half>::kSize, 8);
+  EXPECT_EQ(cuda::Pack<double>::kSize, 2);
+  EXPECT_EQ(alignof(cuda::Pack<__nv_bfloat16>), 16u);
+  EXPECT_TRUE(cuda::aligned16(storage));
+  EXPECT_FALSE(cuda::aligned16(storage + 4));
+}
+
+}  // namespace
+}  // namespace opforge
