@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One run on a GPU machine (the H100/H200 test machine: no network, one 10-minute command): builds
-# opforge with its CUDA kernels, runs the GPU tests, the GPU benchmark, the whole test suite with
-# the GPU present (in parallel with pytest-xdist where it is installed), compute-sanitizer
-# (memcheck, racecheck) over a focused GPU subset, and the torch adapter built elsewhere
-# (stable ABI), in that order, each step with the time the earlier ones left.
-# Every step is logged; a failing step does not stop the later ones; the exit status is 1 if
-# any step failed. Run from the repository root:
+# The GPU verification, run on a GPU machine (the H100/H200 test machine: no network, one
+# 10-minute command): builds opforge with its CUDA kernels, runs the GPU tests, the whole test
+# suite with the GPU present (in parallel with pytest-xdist where it is installed), the forge
+# device's tests in a process of their own, the GPU benchmark, compute-sanitizer (memcheck,
+# racecheck) over a focused GPU subset, and the torch adapter built elsewhere (stable ABI), in
+# that order, each step with the time the earlier ones left. Every step is logged; a failing step
+# does not stop the later ones; the exit status is 1 if any step failed. From the repository root:
 #
 #   bash scripts/gpu_check.sh                       # on the GPU machine
 #   bash scripts/gpu_check.sh --bundle-deps DIR     # on a dev machine: Highway + DLPack headers
@@ -16,9 +16,11 @@
 # else bench/results/. The build uses build/gpu-deps (from --bundle-deps) when the system has no
 # Highway. Time budget: GPU_CHECK_BUDGET_S (default 540 s) in all.
 #
-# GPU_CHECK_STEPS (comma-separated step names, or "all", the default) picks the steps; a second
-# call on the same warm machine reruns what the first cut short (its build is incremental), e.g.
-#   GPU_CHECK_STEPS=memcheck,racecheck bash scripts/gpu_check.sh
+# GPU_CHECK_STEPS (comma-separated step names, or "all", the default) picks the steps. Measured on
+# the H200 (2026-11-26): build 100 s, test_cuda ~25 s, the suite and the benchmark ~150-200 s each,
+# so the sanitizers need a second call on the same warm machine (a warm machine goes back after
+# 30 s idle: send it at once), which skips the build:
+#   GPU_CHECK_STEPS=memcheck,racecheck,stable_abi_foreign_binary bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -96,12 +98,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 python3 -c 'import torch, jax; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "| jax", jax.__version__, jax.devices())' 2>&1 | tee -a "$SUMMARY"
 
 # --- build --------------------------------------------------------------------------------------
-# A venv over the system packages (torch, jax, nanobind, scikit-build-core), so nothing is fetched;
-# the package installs directly where venv/ensurepip is missing.
+# Into the machine's own Python (a throwaway machine): its python3 is a venv holding torch, jax,
+# nanobind and scikit-build-core, and a venv made from it with --system-site-packages would see
+# the base interpreter's packages instead (no scikit-build-core: the build failed that way).
 PY=python3
-if python3 -m venv --system-site-packages /tmp/opforge-gpu-venv > /dev/null 2>&1; then
-  PY=/tmp/opforge-gpu-venv/bin/python
-fi
 # sm_90 only (the H100): half the CUDA compile time of the default sm_80 + sm_90.
 cmake_args=(-Ccmake.define.CMAKE_CUDA_ARCHITECTURES=${GPU_CHECK_CUDA_ARCH:-90} -Ccmake.define.OPFORGE_CUDA=ON
             "-Cbuild-dir=${GPU_CHECK_BUILD_DIR:-build/gpu}")
@@ -122,7 +122,7 @@ fi
 export CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
 install=("$PY" -m pip install --no-build-isolation --no-deps --no-index --disable-pip-version-check -v "${cmake_args[@]}" .)
 if [[ $PY == python3 ]] && python3 -m pip install --help 2>/dev/null | grep -q break-system-packages; then
-  install+=(--break-system-packages)  # a throwaway machine: no venv module, so the system it is
+  install+=(--break-system-packages)  # where python3 is the system's own
 fi
 step build 330 "${install[@]}"
 if ! "$PY" -c 'import opforge, sys; i = opforge.info(); print(i["backends"]); sys.exit(0 if i["built_with_cuda"] else 1)' 2>&1 | tee -a "$SUMMARY"; then
@@ -140,14 +140,20 @@ if "$PY" -c 'import xdist' 2> /dev/null; then
 fi
 
 # --- the GPU tests first: every op with a CUDA kernel, every dtype, torch / jax / CuPy ------------
-step test_cuda 150 "${pytest[@]}" -rfEs tests/python/test_cuda.py
+step test_cuda 150 "${pytest_parallel[@]}" -rfEs tests/python/test_cuda.py
+
+# --- everything else, with the GPU present (test_torch's and test_jax's CUDA cases included) -----
+step suite 200 "${pytest_parallel[@]}" -rfE tests/python ops --ignore=tests/python/test_cuda.py
+
+# --- the forge device: registering it makes torch take it for the accelerator, after which CUDA
+# backward passes fail in that process (pytorch/pytorch#161129), so its tests skip themselves beside
+# a GPU unless OPFORGE_TEST_FORGE=1, and run here in a pytest process of their own.
+step forge 90 env OPFORGE_TEST_FORGE=1 "${pytest_parallel[@]}" -rfE tests/python/test_forge.py \
+  tests/python/test_autocast.py tests/python/test_saved_tensors.py -k forge
 
 # --- the benchmark (its tables are written as it goes; the issue's ops first) -----------------------
 bench_budget=${GPU_CHECK_BENCH_S:-150}
 step bench $((bench_budget + 60)) "$PY" bench/bench_gpu.py --mib 256 --repeats 30 --out "$RESULTS" --budget-s "$bench_budget"
-
-# --- everything else, with the GPU present (test_torch's and test_jax's CUDA cases included) -----
-step suite 200 "${pytest_parallel[@]}" -rfE tests/python ops --ignore=tests/python/test_cuda.py
 
 # --- compute-sanitizer over small GPU cases (every kernel, float32; the tiling edges of matmul_q) --
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
