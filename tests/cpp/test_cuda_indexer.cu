@@ -36,7 +36,13 @@ TEST(CudaIndexer, MergedOffsetsEqualTheNaiveOnes) {
       continue;
     }
     EXPECT_LE(ix.rank, cuda::kMaxRank);
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(ix.offset(i), naive_offset(i, shape, strides)) << "trial " << trial;
+    EXPECT_TRUE(ix.narrow);
+    cuda::Indexer wide = ix;  // the 64-bit unravel, which shapes of 2^31 elements or more take
+    wide.narrow = false;
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(ix.offset(i), naive_offset(i, shape, strides)) << "trial " << trial;
+      ASSERT_EQ(wide.offset(i), naive_offset(i, shape, strides)) << "trial " << trial;
+    }
     ++checked;
   }
   EXPECT_GT(checked, 2000);
@@ -54,6 +60,17 @@ TEST(CudaIndexer, ContiguousTensorsOfAnyRankMergeToOneDimension) {
   const cuda::Indexer ix = cuda::make_indexer("test", shape, strides);
   EXPECT_EQ(ix.rank, 1);
   for (int64_t i = 0; i < step; ++i) ASSERT_EQ(ix.offset(i), i);
+}
+
+TEST(CudaIndexer, LargeShapesUnravelIn64Bits) {
+  // [3, 2^30] broadcast along the rows: 3 * 2^30 elements, past 32-bit indices.
+  const std::vector<int64_t> shape{3, int64_t{1} << 30}, strides{0, 1};
+  const cuda::Indexer ix = cuda::make_indexer("test", shape, strides);
+  EXPECT_FALSE(ix.narrow);
+  for (int64_t i : {int64_t{0}, (int64_t{1} << 30) - 1, int64_t{1} << 30, (int64_t{3} << 30) - 1, int64_t{5} << 29})
+    EXPECT_EQ(ix.offset(i), naive_offset(i, shape, strides)) << i;
+  EXPECT_TRUE(cuda::make_indexer("test", {2, (int64_t{1} << 30) - 1}, {0, 1}).narrow);  // 2^31 - 2 elements
+  EXPECT_FALSE(cuda::make_indexer("test", {2, int64_t{1} << 30}, {0, 1}).narrow);        // 2^31
 }
 
 }  // namespace
