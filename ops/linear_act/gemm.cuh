@@ -7,10 +7,12 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "opforge/cuda/activation.cuh"
 #include "opforge/kernel.h"
+#include "ops/linear_act/sgemm_nt.cuh"
 
 namespace opforge::linear_act_cuda {
 
@@ -141,10 +143,22 @@ inline void forward(const KernelCall& call, const char* op, bool save_preact) {
     const Mat<T> a{x.data_as<const T>(), cuda::make_indexer(op, lead, lead_strides),
                    cuda::make_indexer(op, {k}, {x.stride(-1)})};
     const Mat<T> b = matrix(op, w.data_as<const T>(), n, w.stride(0), k, w.stride(1));
+    // x's rows one stride apart (its leading dims merge to one, or there is one row) and both
+    // operands contiguous along k: the 128 x 128 float32 kernel (sgemm_nt.cuh) where it fits.
+    const int64_t lda = a.rows.rank == 1 ? a.rows.strides[0] : k;
+    const bool nt = std::is_same_v<T, float> && a.rows.rank <= 1 && x.stride(-1) == 1 && w.stride(1) == 1 &&
+                    sgemm_nt_fits(x.data, lda, w.data, w.stride(0), m, k);
     visit_act(call.attr_str("act"), [&](auto act, auto) {
       const BiasAct<T, decltype(act)> epi{out.data_as<T>(), n, bias ? bias->data_as<const T>() : nullptr,
                                           bias ? bias->stride(0) : 0, act,
                                           save_preact ? call.output(1).data_as<T>() : nullptr};
+      if constexpr (std::is_same_v<T, float>) {
+        if (nt) {
+          sgemm_nt(op, m, n, k, x.data_as<const float>(), lda, w.data_as<const float>(), w.stride(0), epi,
+                   cuda::stream_of(call));
+          return;
+        }
+      }
       gemm<cuda::Acc<T>>(op, m, n, k, a, b, epi, cuda::stream_of(call));
     });
   });

@@ -439,3 +439,61 @@ def test_quantize_ties_and_fragile_values(rng):
     for fmt in ("q8_0", "q4_0"):
         quantize = getattr(opforge, f"quantize_{fmt}")
         assert torch.equal(quantize(x.to(DEVICE)).cpu(), quantize(x))
+
+
+# The float32 product's tiles (sgemm_nt.cuh: 128 x 128, K in steps of 8, float4 loads) against its
+# edges: M and N one short of, at and one past a tile, K a multiple of 4 but not of 8, one row;
+# and the layouts that take the other kernel (K not a multiple of 4, rows not 16-byte aligned).
+LINEAR_SHAPES = [(1, 4, 1), (127, 36, 129), (128, 8, 128), (129, 260, 255), (300, 64, 17), (64, 30, 70)]
+
+
+@pytest.mark.parametrize("act", ["none", "gelu"])
+@pytest.mark.parametrize("m, k, n", LINEAR_SHAPES, ids=lambda v: str(v))
+def test_linear_act_float32_tiles(m, k, n, act, rng):
+    x = torch.from_numpy(rng.standard_normal((m, k + 4))).float()
+    w = torch.from_numpy(rng.standard_normal((n, k))).float()
+    b = torch.from_numpy(rng.standard_normal(n)).float()
+    xd = x.to(DEVICE)
+    for cols in (slice(0, k), slice(1, k + 1)):  # rows k + 4 apart: 16-byte aligned when k % 4 == 0, then not
+        want = x[:, cols].double() @ w.double().T + b.double()
+        want = torch.nn.functional.gelu(want) if act == "gelu" else want
+        got = opforge.torch.linear_act(xd[:, cols], w.to(DEVICE), b.to(DEVICE), act=act).cpu()
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
+
+
+# The memory-bound kernels' fast paths against their edges: elementwise ops in 16-byte packs
+# (common.cuh map_contiguous: lengths short of, at and past a pack, a tail, views starting one
+# element in, so not 16-byte aligned) and row kernels reading a row into registers (rows.cuh:
+# one warp, 1024 threads, rows too long for that, lengths not a whole number of packs).
+PACK_LENGTHS = [1, 3, 4, 5, 31, 4097, 65536 + 3]
+ROW_LENGTHS = [4, 64, 1000, 4096, 4100, 16384, 16388]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("n", PACK_LENGTHS)
+def test_elementwise_packs_and_tails(n, dtype, rng):
+    t = getattr(torch, dtype)
+    x, y = (torch.from_numpy(rng.standard_normal(n + 1)).to(t).to(DEVICE) for _ in range(2))
+    for a, b in ((x[:n], y[:n]), (x[1:], y[1:])):  # aligned, then one element in
+        assert torch.equal(opforge.torch.add(a, b).cpu(), (a.cpu().float() + b.cpu().float()).to(t))
+        assert torch.equal(opforge.torch.relu(a).cpu(), torch.relu(a.cpu()))
+        g = opforge.torch.silu(a).cpu().double()
+        rtol, atol = TOLERANCES[dtype]
+        torch.testing.assert_close(g, torch.nn.functional.silu(a.cpu().double()), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("n", ROW_LENGTHS)
+def test_row_kernels_cached_and_in_place(n, rng):
+    x = torch.from_numpy(rng.standard_normal((5, n + 1))).float().to(DEVICE)
+    w, b = (torch.from_numpy(rng.standard_normal(n)).float().to(DEVICE) for _ in range(2))
+    for v in (x[:, :n].contiguous(), x[:, 1:]):  # rows in registers where they fit, then strided rows
+        vd = v.cpu().double()
+        want = {
+            "rms_norm": vd * torch.rsqrt(vd.square().mean(-1, keepdim=True) + 1e-6) * w.cpu().double(),
+            "layer_norm": torch.nn.functional.layer_norm(vd, (n,), w.cpu().double(), b.cpu().double(), 1e-5),
+            "softmax": torch.softmax(vd, -1),
+        }
+        got = {"rms_norm": opforge.torch.rms_norm(v, w, 1e-6), "layer_norm": opforge.torch.layer_norm(v, w, b, 1e-5),
+               "softmax": opforge.torch.softmax(v)}
+        for name in want:
+            torch.testing.assert_close(got[name].cpu().double(), want[name], rtol=1e-5, atol=1e-5, msg=name)
