@@ -458,9 +458,17 @@ def test_torch_utils_checkpoint_with_forge_loaded(rng):
     assert torch.float16 in torch.forge.get_amp_supported_dtype() and torch.forge.is_bf16_supported()
 
 
+def autoload_env(**extra):
+    """The environment for a fresh `import torch` that autoloads forge: beside a GPU (the GPU
+    machine's forge run) autoload is off unless forced, so these tests force it there."""
+    from opforge_autoload import gpu_in_use_by_torch
+
+    return {**os.environ, "OPFORGE_FORGE_AUTOLOAD": "1" if gpu_in_use_by_torch() else "", **extra}
+
+
 def test_import_torch_autoloads_forge():
     code = "import torch\nprint(torch.ones(2, device='forge').is_forge, hasattr(torch, 'forge'))\n"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=autoload_env())
     assert out.returncode == 0 and out.stdout.split() == ["True", "True"], out.stderr[-2000:]
 
 
@@ -497,7 +505,7 @@ def test_broken_opforge_does_not_break_import_torch(tmp_path):
     (tmp_path / "opforge" / "__init__.py").write_text("raise ImportError('opforge is broken here')\n")
     (tmp_path / "opforge" / "libopforge_forge.version").write_text(torch.__version__)
     code = "import torch\nprint(hasattr(torch, 'forge'))\n"
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env = autoload_env(PYTHONPATH=str(tmp_path))
     out = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=120,
                          env=env)
     assert out.returncode == 0 and out.stdout.split() == ["False"], out.stderr[-2000:]
