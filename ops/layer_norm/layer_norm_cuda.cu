@@ -33,10 +33,9 @@ __device__ __forceinline__ void normalize(T* out, const Row& row, const T* first
   mu += correction;
   const A var = fmax(ss / A(n) - correction * correction, A(0));
   const A rstd = A(1) / sqrt(var + A(eps));
-  row.store(out, [&](int64_t i, A v) {
-    const A y = ((v - base) - mu) * rstd * cuda::load(w + i * w_step);
-    return b ? y + cuda::load(b + i * b_step) : y;
-  });
+  const auto y = [&](A v, const A* c) { return ((v - base) - mu) * rstd * c[0]; };
+  if (b) row.store(out, cuda::Columns<T, 2>{{w, b}, {w_step, b_step}}, [&](A v, const A* c) { return y(v, c) + c[1]; });
+  else row.store(out, cuda::Columns<T, 1>{{w}, {w_step}}, y);
 }
 
 template <typename T>
@@ -49,7 +48,7 @@ __global__ void strided_kernel(T* out, const T* x, cuda::Indexer rows_ix, int64_
 }
 
 template <typename T>
-__global__ void cached_kernel(T* out, const T* x, const T* w, int64_t w_step, const T* b, int64_t b_step,
+__global__ void __launch_bounds__(cuda::kMaxRowThreads) cached_kernel(T* out, const T* x, const T* w, int64_t w_step, const T* b, int64_t b_step,
                               int64_t rows, int64_t n, double eps) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
     normalize(out + r * n, cuda::CachedRow<T>(x + r * n, n), x + r * n, w, w_step, b, b_step, n, eps);
@@ -75,7 +74,7 @@ void run(const KernelCall& call) {
       const T* bias = b ? b->data_as<const T>() : nullptr;
       const int64_t b_step = b ? b->stride(0) : 0;
       const double eps = call.attr_float("eps");
-      if (const int threads = cuda::cached_row_threads(x, out, sizeof(T))) {
+      if (const int threads = cuda::cached_row_threads(x, out, sizeof(T), {&w, b})) {
         cached_kernel<T><<<cuda::row_blocks(rows), threads, 0, stream>>>(
             out.data_as<T>(), x.data_as<const T>(), w.data_as<const T>(), w.stride(0), bias, b_step, rows, n, eps);
       } else {

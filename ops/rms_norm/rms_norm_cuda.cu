@@ -15,7 +15,7 @@ __device__ __forceinline__ void normalize(T* out, const Row& row, const T* w, in
   A sum = 0;
   row.each([&](int64_t, A v) { sum += v * v; });
   const A inv = A(1) / sqrt(cuda::block_sum(sum) / A(n) + A(eps));
-  row.store(out, [&](int64_t i, A v) { return v * inv * cuda::load(w + i * w_stride); });
+  row.store(out, cuda::Columns<T, 1>{{w}, {w_stride}}, [&](A v, const A* c) { return v * inv * c[0]; });
 }
 
 template <typename T>
@@ -26,7 +26,7 @@ __global__ void strided_kernel(T* out, const T* x, cuda::Indexer rows_ix, int64_
 }
 
 template <typename T>
-__global__ void cached_kernel(T* out, const T* x, const T* w, int64_t w_stride, int64_t rows, int64_t n, double eps) {
+__global__ void __launch_bounds__(cuda::kMaxRowThreads) cached_kernel(T* out, const T* x, const T* w, int64_t w_stride, int64_t rows, int64_t n, double eps) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
     normalize(out + r * n, cuda::CachedRow<T>(x + r * n, n), w, w_stride, n, eps);
 }
@@ -48,7 +48,7 @@ void run(const KernelCall& call) {
       fail(ErrorKind::not_implemented, "rms_norm(): no integer kernel");
     } else {
       const cudaStream_t stream = cuda::stream_of(call);
-      if (const int threads = cuda::cached_row_threads(x, out, sizeof(T))) {
+      if (const int threads = cuda::cached_row_threads(x, out, sizeof(T), {&w})) {
         cached_kernel<T><<<cuda::row_blocks(rows), threads, 0, stream>>>(
             out.data_as<T>(), x.data_as<const T>(), w.data_as<const T>(), w.stride(0), rows, n, eps);
       } else {

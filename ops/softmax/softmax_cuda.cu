@@ -36,7 +36,7 @@ __global__ void strided_kernel(T* out, const T* x, cuda::Indexer rows_ix, int64_
 }
 
 template <typename T>
-__global__ void cached_kernel(T* out, const T* x, int64_t rows, int64_t n) {
+__global__ void __launch_bounds__(cuda::kMaxRowThreads) cached_kernel(T* out, const T* x, int64_t rows, int64_t n) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) softmax_row(out + r * n, cuda::CachedRow<T>(x + r * n, n));
 }
 

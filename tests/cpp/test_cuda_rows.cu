@@ -26,16 +26,24 @@ TEST(CudaRows, ThreadsCoverTheRowInPacksOfFourPerThread) {
   EXPECT_EQ(cuda::cached_row_threads(view({8, 4096}), view({8, 4096}), 4), 256);  // 1024 packs
   EXPECT_EQ(cuda::cached_row_threads(view({8, 1000}), view({8, 1000}), 4), 64);   // 250 packs -> 63 -> 64
   EXPECT_EQ(cuda::cached_row_threads(view({8, 64}), view({8, 64}), 4), 32);       // a warp at least
-  EXPECT_EQ(cuda::cached_row_threads(view({2, 16384}), view({2, 16384}), 4), 1024);
+  EXPECT_EQ(cuda::cached_row_threads(view({2, 8192}), view({2, 8192}), 4), cuda::kMaxRowThreads);
   EXPECT_EQ(cuda::cached_row_threads(view({2, 4096}, DType::float16), view({2, 4096}, DType::float16), 2), 128);
   EXPECT_EQ(cuda::cached_row_threads(view({2, 4096}, DType::float64), view({2, 4096}, DType::float64), 8), 512);
 }
 
 TEST(CudaRows, OtherRowsAreReadInPlace) {
-  EXPECT_EQ(cuda::cached_row_threads(view({2, 16388}), view({2, 16388}), 4), 0);  // over 1024 threads
+  EXPECT_EQ(cuda::cached_row_threads(view({2, 8196}), view({2, 8196}), 4), 0);  // over kMaxRowThreads
   EXPECT_EQ(cuda::cached_row_threads(view({8, 4097}), view({8, 4097}), 4), 0);   // not whole packs
   EXPECT_EQ(cuda::cached_row_threads(view({8, 4096}, DType::float32, 4), view({8, 4096}), 4), 0);  // unaligned
   EXPECT_EQ(cuda::cached_row_threads(view({8, 4096}), view({8, 4096}, DType::float32, 8), 4), 0);
+  const TensorView w = view({4096});
+  EXPECT_EQ(cuda::cached_row_threads(view({8, 4096}), view({8, 4096}), 4, {&w, nullptr}), 256);  // no bias: fine
+  TensorView w_strided = view({4096});
+  w_strided.strides = {2};
+  EXPECT_EQ(cuda::cached_row_threads(view({8, 4096}), view({8, 4096}), 4, {&w, &w_strided}), 0);
+  EXPECT_EQ(cuda::cached_row_threads(view({8, 4096}), view({8, 4096}), 4, {&w, nullptr}), 256);
+  const TensorView w_unaligned = view({4096}, DType::float32, 4);
+  EXPECT_EQ(cuda::cached_row_threads(view({8, 4096}), view({8, 4096}), 4, {&w_unaligned}), 0);
   TensorView strided = view({8, 4096});
   strided.strides = {8192, 1};  // every other row of a larger tensor
   EXPECT_EQ(cuda::cached_row_threads(strided, view({8, 4096}), 4), 0);

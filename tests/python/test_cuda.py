@@ -464,9 +464,9 @@ def test_linear_act_float32_tiles(m, k, n, act, rng):
 # The memory-bound kernels' fast paths against their edges: elementwise ops in 16-byte packs
 # (common.cuh map_contiguous: lengths short of, at and past a pack, a tail, views starting one
 # element in, so not 16-byte aligned) and row kernels reading a row into registers (rows.cuh:
-# one warp, 1024 threads, rows too long for that, lengths not a whole number of packs).
+# one warp, the most threads, rows too long for that, lengths not a whole number of packs).
 PACK_LENGTHS = [1, 3, 4, 5, 31, 4097, 65536 + 3]
-ROW_LENGTHS = [4, 64, 1000, 4096, 4100, 16384, 16388]
+ROW_LENGTHS = [4, 64, 1000, 4096, 4100, 8192, 8196, 16384]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -485,15 +485,15 @@ def test_elementwise_packs_and_tails(n, dtype, rng):
 @pytest.mark.parametrize("n", ROW_LENGTHS)
 def test_row_kernels_cached_and_in_place(n, rng):
     x = torch.from_numpy(rng.standard_normal((5, n + 1))).float().to(DEVICE)
-    w, b = (torch.from_numpy(rng.standard_normal(n)).float().to(DEVICE) for _ in range(2))
-    for v in (x[:, :n].contiguous(), x[:, 1:]):  # rows in registers where they fit, then strided rows
-        vd = v.cpu().double()
-        want = {
-            "rms_norm": vd * torch.rsqrt(vd.square().mean(-1, keepdim=True) + 1e-6) * w.cpu().double(),
-            "layer_norm": torch.nn.functional.layer_norm(vd, (n,), w.cpu().double(), b.cpu().double(), 1e-5),
-            "softmax": torch.softmax(vd, -1),
-        }
-        got = {"rms_norm": opforge.torch.rms_norm(v, w, 1e-6), "layer_norm": opforge.torch.layer_norm(v, w, b, 1e-5),
+    w2, b = (torch.from_numpy(rng.standard_normal(2 * n)).float().to(DEVICE) for _ in range(2))
+    w, b = w2[:n], b[:n]
+    # rows in registers where they fit; strided rows; a strided weight (both in place)
+    for v, g in ((x[:, :n].contiguous(), w), (x[:, 1:], w), (x[:, :n].contiguous(), w2[::2])):
+        vd, gd, bd = v.cpu().double(), g.cpu().double(), b.cpu().double()
+        want = {"rms_norm": vd * torch.rsqrt(vd.square().mean(-1, keepdim=True) + 1e-6) * gd,
+                "layer_norm": torch.nn.functional.layer_norm(vd, (n,), gd, bd, 1e-5),
+                "softmax": torch.softmax(vd, -1)}
+        got = {"rms_norm": opforge.torch.rms_norm(v, g, 1e-6), "layer_norm": opforge.torch.layer_norm(v, g, b, 1e-5),
                "softmax": opforge.torch.softmax(v)}
         for name in want:
             torch.testing.assert_close(got[name].cpu().double(), want[name], rtol=1e-5, atol=1e-5, msg=name)

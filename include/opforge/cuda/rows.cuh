@@ -6,6 +6,8 @@
 // A kernel body written once against row.each / row.store runs on either.
 #pragma once
 
+#include <initializer_list>
+
 #include "opforge/cuda/common.cuh"
 
 namespace opforge::cuda {
@@ -36,6 +38,15 @@ struct Max {
 template <typename A>
 __device__ __forceinline__ A block_sum(A v) { return block_reduce(v, Sum{}); }
 
+// Per-column operands a row kernel's store reads beside the row (weights, biases): element i of
+// operand q at p[q][i * step[q]]. A CachedRow store reads them in packs (step 1, 16-byte aligned:
+// cached_row_threads checks), which also keeps the kernels' register count down.
+template <typename T, int E>
+struct Columns {
+  const T* p[E];
+  int64_t step[E];
+};
+
 // Element i of the row at row[i * step]; this thread's elements are threadIdx.x + k * blockDim.x.
 template <typename T>
 struct StridedRow {
@@ -48,6 +59,15 @@ struct StridedRow {
   // out[i] = f(i, x[i]), out contiguous.
   template <class F> __device__ void store(T* out, F f) const {
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) cuda::store(out + i, f(i, load(row + i * step)));
+  }
+  // out[i] = f(x[i], c) with c[q] = column operand q at i.
+  template <int E, class F> __device__ void store(T* out, const Columns<T, E>& cols, F f) const {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      Acc<T> c[E];
+#pragma unroll
+      for (int q = 0; q < E; ++q) c[q] = load(cols.p[q] + i * cols.step[q]);
+      cuda::store(out + i, f(load(row + i * step), c));
+    }
   }
 };
 
@@ -89,18 +109,47 @@ struct CachedRow {
       }
     }
   }
+  // out[i] = f(x[i], c) with c[q] = column operand q at i, the operands read in packs too.
+  template <int E, class F> __device__ void store(T* out, const Columns<T, E>& cols, F f) const {
+#pragma unroll
+    for (int k = 0; k < kRowPacks; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (j < count) {
+        P in[E];
+#pragma unroll
+        for (int q = 0; q < E; ++q) in[q] = reinterpret_cast<const P*>(cols.p[q])[j];
+        P o;
+#pragma unroll
+        for (int e = 0; e < P::kSize; ++e) {
+          Acc<T> c[E];
+#pragma unroll
+          for (int q = 0; q < E; ++q) c[q] = static_cast<Acc<T>>(in[q].v[e]);
+          o.v[e] = static_cast<T>(f(static_cast<Acc<T>>(packs[k].v[e]), c));
+        }
+        reinterpret_cast<P*>(out)[j] = o;
+      }
+    }
+  }
 };
 
-// Threads per block for CachedRow over x's rows (and results written to out), or 0 where the
-// rows must be read in place: x not contiguous, either not 16-byte aligned, the row length not a
-// whole number of packs, or rows longer than 1024 threads' packs.
-inline int cached_row_threads(const TensorView& x, const TensorView& out, int elem_bytes) {
+// The most threads a CachedRow kernel runs with: its kernels declare it (__launch_bounds__), so
+// the compiler keeps them within the registers a block that size may have.
+inline constexpr int kMaxRowThreads = 512;
+
+// Threads per block for CachedRow over x's rows (and results written to out, column operands
+// read beside them), or 0 where the rows must be read in place: x not contiguous, a tensor not
+// 16-byte aligned, a column operand strided, the row length not a whole number of packs, or rows
+// longer than kMaxRowThreads threads' packs.
+inline int cached_row_threads(const TensorView& x, const TensorView& out, int elem_bytes,
+                              std::initializer_list<const TensorView*> columns = {}) {
   const int64_t n = x.size(-1);
   const int64_t per_pack = 16 / elem_bytes;
   if (!x.is_contiguous() || !out.is_contiguous() || !aligned16(x.data) || !aligned16(out.data) || n % per_pack)
     return 0;
+  for (const TensorView* c : columns)
+    if (c && (c->stride(0) != 1 || !aligned16(c->data))) return 0;
   const int64_t threads = ((n / per_pack + kRowPacks - 1) / kRowPacks + 31) / 32 * 32;
-  return threads > 1024 ? 0 : static_cast<int>(threads < 32 ? 32 : threads);
+  return threads > kMaxRowThreads ? 0 : static_cast<int>(threads < 32 ? 32 : threads);
 }
 
 inline unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16); }
