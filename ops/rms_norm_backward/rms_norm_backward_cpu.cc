@@ -29,7 +29,10 @@ using namespace opforge::cpu::HWY_NAMESPACE;
 // kWeight: grad_weight is wanted, OpDef::output_mask_slot). next_g, next_x: the next row's (or
 // nullptr), prefetched during the second pass, which reads this row from cache, so their reads
 // from memory overlap its arithmetic and stores.
-template <typename T, bool kWeight>
+// Without kGx (grad_x not asked for, OpDef::output_mask_slot) a row computes sum(x^2) and the
+// partial only: no g*w*x sum, no grad_x pass into a scratch row. Each partial element is the
+// same fused operation on either path, so grad_weight's bits do not depend on the mask.
+template <typename T, bool kWeight, bool kGx = true>
 void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT gw, const T* HWY_RESTRICT g, const T* HWY_RESTRICT x,
          const T* HWY_RESTRICT w, int64_t n, double eps, bool stream, const T* next_g, const T* next_x) {
   using C = Compute<T>;
@@ -42,26 +45,35 @@ void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT gw, const T* HWY_RESTRICT 
     const auto x0 = LoadAs(d, x + i), x1 = LoadAs(d, x + i + lanes);
     ss0 = hn::MulAdd(x0, x0, ss0);
     ss1 = hn::MulAdd(x1, x1, ss1);
-    dot0 = hn::MulAdd(hn::Mul(LoadAs(d, g + i), LoadAs(d, w + i)), x0, dot0);
-    dot1 = hn::MulAdd(hn::Mul(LoadAs(d, g + i + lanes), LoadAs(d, w + i + lanes)), x1, dot1);
+    if constexpr (kGx) {
+      dot0 = hn::MulAdd(hn::Mul(LoadAs(d, g + i), LoadAs(d, w + i)), x0, dot0);
+      dot1 = hn::MulAdd(hn::Mul(LoadAs(d, g + i + lanes), LoadAs(d, w + i + lanes)), x1, dot1);
+    }
   }
   for (; i + lanes <= n; i += lanes) {
     const auto xv = LoadAs(d, x + i);
     ss0 = hn::MulAdd(xv, xv, ss0);
-    dot0 = hn::MulAdd(hn::Mul(LoadAs(d, g + i), LoadAs(d, w + i)), xv, dot0);
+    if constexpr (kGx) dot0 = hn::MulAdd(hn::Mul(LoadAs(d, g + i), LoadAs(d, w + i)), xv, dot0);
   }
   C ss = hn::GetLane(hn::SumOfLanes(d, hn::Add(ss0, ss1)));
   C dot = hn::GetLane(hn::SumOfLanes(d, hn::Add(dot0, dot1)));
   for (; i < n; ++i) {
     const C xi = ToCompute(x[i]);
     ss += xi * xi;
-    dot += ToCompute(g[i]) * ToCompute(w[i]) * xi;
+    if constexpr (kGx) dot += ToCompute(g[i]) * ToCompute(w[i]) * xi;
   }
   const C inv = C(1) / std::sqrt(ss / static_cast<C>(n) + static_cast<C>(eps));
-  const C coef = inv * inv * (dot / static_cast<C>(n));  // grad_x = inv * (g*w - x*coef)
-  const auto vinv = hn::Set(d, inv), vcoef = hn::Set(d, coef);
+  const auto vinv = hn::Set(d, inv);
   PrefetchBytes(next_g, n * static_cast<int64_t>(sizeof(T)));
   PrefetchBytes(next_x, n * static_cast<int64_t>(sizeof(T)));
+  if constexpr (!kGx) {  // grad_weight's partial only
+    for (i = 0; i + lanes <= n; i += lanes)
+      hn::StoreU(hn::MulAdd(hn::Mul(LoadAs(d, g + i), LoadAs(d, x + i)), vinv, hn::LoadU(d, gw + i)), d, gw + i);
+    for (; i < n; ++i) gw[i] = std::fma(ToCompute(g[i]) * ToCompute(x[i]), inv, gw[i]);
+    return;
+  }
+  const C coef = inv * inv * (dot / static_cast<C>(n));  // grad_x = inv * (g*w - x*coef)
+  const auto vcoef = hn::Set(d, coef);
   // Writes grad_x and, element by element in the same sweep, adds into grad_weight's partial.
   WriteRow(gx, n, stream,
            [&](int64_t k) {
@@ -76,8 +88,8 @@ void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT gw, const T* HWY_RESTRICT 
            });
 }
 
-// Results not asked for (output_mask) are empty: grad_x then goes to a scratch row (grad_weight
-// needs the same per-row sums), and without grad_weight no partials are kept.
+// Results not asked for (output_mask) are empty: without grad_x a row computes only its sum of
+// squares and partial (Row's kGx), and without grad_weight no partials are kept.
 template <typename T, bool kWeight>
 void Backward(const KernelCall& call) {
   using C = Compute<T>;
@@ -102,13 +114,16 @@ void Backward(const KernelCall& call) {
   std::vector<C> partial(kWeight ? chunks * n : 0, C(0));
   const bool stream = want_gx && StreamsOutput<T>(rows * n);
   parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> g_buf, x_buf, scratch(want_gx ? 0 : n);
+    std::vector<T> g_buf, x_buf;
     for (int64_t k = begin; k < end; ++k) {
       const int64_t last = rows * (k + 1) / chunks;
-      for (int64_t r = rows * k / chunks; r < last; ++r)
-        Row<T, kWeight>(want_gx ? gx + r * n : scratch.data(), partial.data() + (kWeight ? k * n : 0),
-                        RowOf(grad, r, n, g_buf), RowOf(x, r, n, x_buf), w, n, eps, stream,
-                        NextRowOf<T>(grad, r, last, n), NextRowOf<T>(x, r, last, n));
+      C* gw = partial.data() + (kWeight ? k * n : 0);
+      for (int64_t r = rows * k / chunks; r < last; ++r) {
+        const T *gr = RowOf(grad, r, n, g_buf), *xr = RowOf(x, r, n, x_buf);
+        const T *next_g = NextRowOf<T>(grad, r, last, n), *next_x = NextRowOf<T>(x, r, last, n);
+        if (want_gx) Row<T, kWeight>(gx + r * n, gw, gr, xr, w, n, eps, stream, next_g, next_x);
+        else if constexpr (kWeight) Row<T, true, false>(nullptr, gw, gr, xr, w, n, eps, false, next_g, next_x);
+      }
     }
     StreamFence(stream);
   });
