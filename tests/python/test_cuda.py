@@ -490,10 +490,13 @@ def test_row_kernels_cached_and_in_place(n, rng):
     # rows in registers where they fit; strided rows; a strided weight (both in place)
     for v, g in ((x[:, :n].contiguous(), w), (x[:, 1:], w), (x[:, :n].contiguous(), w2[::2])):
         vd, gd, bd = v.cpu().double(), g.cpu().double(), b.cpu().double()
+        y = torch.softmax(vd, -1)
         want = {"rms_norm": vd * torch.rsqrt(vd.square().mean(-1, keepdim=True) + 1e-6) * gd,
                 "layer_norm": torch.nn.functional.layer_norm(vd, (n,), gd, bd, 1e-5),
-                "softmax": torch.softmax(vd, -1)}
+                "softmax": y,
+                "softmax_backward": y * (vd - (vd * y).sum(-1, keepdim=True))}  # v as the cotangent
         got = {"rms_norm": opforge.torch.rms_norm(v, g, 1e-6), "layer_norm": opforge.torch.layer_norm(v, g, b, 1e-5),
-               "softmax": opforge.torch.softmax(v)}
+               "softmax": opforge.torch.softmax(v),
+               "softmax_backward": torch.ops.opforge.softmax_backward(v, y.float().to(DEVICE))}
         for name in want:
             torch.testing.assert_close(got[name].cpu().double(), want[name], rtol=1e-5, atol=1e-5, msg=name)

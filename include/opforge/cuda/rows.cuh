@@ -60,6 +60,14 @@ struct StridedRow {
   template <class F> __device__ void store(T* out, F f) const {
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) cuda::store(out + i, f(i, load(row + i * step)));
   }
+  // f(x[i], other[i]) and out[i] = f(x[i], other[i]): two rows of one length walked together.
+  template <class F> __device__ void each_with(const StridedRow& other, F f) const {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) f(load(row + i * step), load(other.row + i * other.step));
+  }
+  template <class F> __device__ void store_with(T* out, const StridedRow& other, F f) const {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+      cuda::store(out + i, f(load(row + i * step), load(other.row + i * other.step)));
+  }
   // out[i] = f(x[i], c) with c[q] = column operand q at i.
   template <int E, class F> __device__ void store(T* out, const Columns<T, E>& cols, F f) const {
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -105,6 +113,30 @@ struct CachedRow {
 #pragma unroll
         for (int e = 0; e < P::kSize; ++e)
           o.v[e] = static_cast<T>(f(j * P::kSize + e, static_cast<Acc<T>>(packs[k].v[e])));
+        reinterpret_cast<P*>(out)[j] = o;
+      }
+    }
+  }
+  // f(x[i], other[i]) and out[i] = f(x[i], other[i]): two cached rows of one length together.
+  template <class F> __device__ void each_with(const CachedRow& other, F f) const {
+#pragma unroll
+    for (int k = 0; k < kRowPacks; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (j < count)
+#pragma unroll
+        for (int e = 0; e < P::kSize; ++e)
+          f(static_cast<Acc<T>>(packs[k].v[e]), static_cast<Acc<T>>(other.packs[k].v[e]));
+    }
+  }
+  template <class F> __device__ void store_with(T* out, const CachedRow& other, F f) const {
+#pragma unroll
+    for (int k = 0; k < kRowPacks; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (j < count) {
+        P o;
+#pragma unroll
+        for (int e = 0; e < P::kSize; ++e)
+          o.v[e] = static_cast<T>(f(static_cast<Acc<T>>(packs[k].v[e]), static_cast<Acc<T>>(other.packs[k].v[e])));
         reinterpret_cast<P*>(out)[j] = o;
       }
     }
