@@ -32,18 +32,24 @@ __global__ void rows_kernel(T* gx, cuda::Acc<T>* moments, const T* g, cuda::Inde
     const A back = base - shift;
     A mu = (shift - (base - back)) + (approx - back);
     A ss = 0, c = 0, gw_sum = 0, dot = 0;
+    // Without grad_x (uniform across the grid) the partials need the moments only: no grad or
+    // weight reads, no g*w sums.
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const A d = (cuda::load(xrow + i * x_step) - base) - mu;
-      const A gw = cuda::load(grow + i * g_step) * cuda::load(w + i * w_step);
       ss += d * d;
       c += d;
-      gw_sum += gw;
-      dot += gw * d;
+      if (gx) {
+        const A gw = cuda::load(grow + i * g_step) * cuda::load(w + i * w_step);
+        gw_sum += gw;
+        dot += gw * d;
+      }
     }
     ss = cuda::block_sum(ss);
     const A correction = cuda::block_sum(c) / A(n);
-    gw_sum = cuda::block_sum(gw_sum);
-    dot = cuda::block_sum(dot) - correction * gw_sum;
+    if (gx) {
+      gw_sum = cuda::block_sum(gw_sum);
+      dot = cuda::block_sum(dot) - correction * gw_sum;
+    }
     mu += correction;
     const A var = fmax(ss / A(n) - correction * correction, A(0));
     const A rstd = A(1) / sqrt(var + A(eps));
