@@ -28,7 +28,7 @@ __global__ void rows_kernel(T* gx, cuda::Acc<T>* inv_out, const T* g, cuda::Inde
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const A xi = cuda::load(xrow + i * x_step);
       ss += xi * xi;
-      dot += cuda::load(grow + i * g_step) * cuda::load(w + i * w_step) * xi;
+      if (gx) dot += cuda::load(grow + i * g_step) * cuda::load(w + i * w_step) * xi;  // grad_x's only
     }
     ss_part[threadIdx.x] = ss;
     dot_part[threadIdx.x] = dot;
