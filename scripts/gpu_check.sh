@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU verification, run on a GPU machine (the H100/H200 test machine: no network, one
-# 10-minute command): builds opforge with its CUDA kernels, runs the GPU tests, the whole test
-# suite with the GPU present (in parallel with pytest-xdist where it is installed), the forge
-# device's tests in a process of their own, the GPU benchmark, compute-sanitizer (memcheck,
+# 10-minute command): builds opforge with its CUDA kernels, runs the GPU tests, the GPU
+# benchmark, the forge device's tests in a process of their own, the whole test suite with the
+# GPU present (in parallel with pytest-xdist where it is installed), compute-sanitizer (memcheck,
 # racecheck) over a focused GPU subset, and the torch adapter built elsewhere (stable ABI), in
 # that order, each step with the time the earlier ones left. Every step is logged; a failing step
 # does not stop the later ones; the exit status is 1 if any step failed. From the repository root:
@@ -17,9 +17,10 @@
 # Highway. Time budget: GPU_CHECK_BUDGET_S (default 540 s) in all.
 #
 # GPU_CHECK_STEPS (comma-separated step names, or "all", the default) picks the steps. Measured on
-# the H200 (2026-11-26): build 100 s, test_cuda ~25 s, the suite and the benchmark ~150-200 s each,
-# so the sanitizers need a second call on the same warm machine (a warm machine goes back after
-# 30 s idle: send it at once), which skips the build:
+# the H200 (2026-11-26): build 100 s, test_cuda ~25 s, the suite (12 workers) and the benchmark
+# (GPU_CHECK_BENCH_S, 120 s by default, plus its setup) about 200 s each, so the sanitizers need a
+# second call on the same warm machine (a warm machine goes back after 30 s idle: send it at
+# once), which skips the build:
 #   GPU_CHECK_STEPS=memcheck,racecheck,stable_abi_foreign_binary bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -134,16 +135,23 @@ fi
 # JAX would take 75% of the GPU at its first use; torch and the sanitizer need room too.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 pytest=("$PY" -m pytest -p no:cacheprovider)
+# In parallel where pytest-xdist is installed; -v logs every result as it comes, so a step cut
+# at its time limit still shows what failed (the summary at the end is lost then: seen on the
+# H200); a hung test is stopped where pytest-timeout is installed.
 pytest_parallel=("${pytest[@]}")
 if "$PY" -c 'import xdist' 2> /dev/null; then
-  pytest_parallel+=(-n "${GPU_CHECK_WORKERS:-12}")  # its workers print no totals: the exit status counts
+  pytest_parallel+=(-n "${GPU_CHECK_WORKERS:-12}" -v)
+fi
+if "$PY" -c 'import pytest_timeout' 2> /dev/null; then
+  pytest_parallel+=(--timeout 120)
 fi
 
 # --- the GPU tests first: every op with a CUDA kernel, every dtype, torch / jax / CuPy ------------
 step test_cuda 150 "${pytest_parallel[@]}" -rfEs tests/python/test_cuda.py
 
-# --- everything else, with the GPU present (test_torch's and test_jax's CUDA cases included) -----
-step suite 200 "${pytest_parallel[@]}" -rfE tests/python ops --ignore=tests/python/test_cuda.py
+# --- the benchmark (its tables are written as it goes; the issue's ops first) -----------------------
+bench_budget=${GPU_CHECK_BENCH_S:-120}
+step bench $((bench_budget + 60)) "$PY" bench/bench_gpu.py --mib 256 --repeats 30 --out "$RESULTS" --budget-s "$bench_budget"
 
 # --- the forge device: registering it makes torch take it for the accelerator, after which CUDA
 # backward passes fail in that process (pytorch/pytorch#161129), so its tests skip themselves beside
@@ -151,9 +159,9 @@ step suite 200 "${pytest_parallel[@]}" -rfE tests/python ops --ignore=tests/pyth
 step forge 90 env OPFORGE_TEST_FORGE=1 "${pytest_parallel[@]}" -rfE tests/python/test_forge.py \
   tests/python/test_autocast.py tests/python/test_saved_tensors.py -k forge
 
-# --- the benchmark (its tables are written as it goes; the issue's ops first) -----------------------
-bench_budget=${GPU_CHECK_BENCH_S:-150}
-step bench $((bench_budget + 60)) "$PY" bench/bench_gpu.py --mib 256 --repeats 30 --out "$RESULTS" --budget-s "$bench_budget"
+
+# --- everything else, with the GPU present (test_torch's and test_jax's CUDA cases included) -----
+step suite 240 "${pytest_parallel[@]}" -rfE tests/python ops --ignore=tests/python/test_cuda.py
 
 # --- compute-sanitizer over small GPU cases (every kernel, float32; the tiling edges of matmul_q) --
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
