@@ -95,72 +95,57 @@ struct CachedRow {
     }
   }
   template <class F> __device__ void each(F f) const {
+    for_packs([&](int k, int64_t j) {
 #pragma unroll
-    for (int k = 0; k < kRowPacks; ++k) {
-      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
-      if (j < count)
-#pragma unroll
-        for (int e = 0; e < P::kSize; ++e) f(j * P::kSize + e, static_cast<Acc<T>>(packs[k].v[e]));
-    }
+      for (int e = 0; e < P::kSize; ++e) f(j * P::kSize + e, value(k, e));
+    });
   }
   // out[i] = f(i, x[i]), out contiguous and 16-byte aligned.
   template <class F> __device__ void store(T* out, F f) const {
-#pragma unroll
-    for (int k = 0; k < kRowPacks; ++k) {
-      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
-      if (j < count) {
-        P o;
-#pragma unroll
-        for (int e = 0; e < P::kSize; ++e)
-          o.v[e] = static_cast<T>(f(j * P::kSize + e, static_cast<Acc<T>>(packs[k].v[e])));
-        reinterpret_cast<P*>(out)[j] = o;
-      }
-    }
+    for_packs([&](int k, int64_t j) { put(out, j, [&](int e) { return f(j * P::kSize + e, value(k, e)); }); });
   }
   // f(x[i], other[i]) and out[i] = f(x[i], other[i]): two cached rows of one length together.
   template <class F> __device__ void each_with(const CachedRow& other, F f) const {
+    for_packs([&](int k, int64_t) {
 #pragma unroll
-    for (int k = 0; k < kRowPacks; ++k) {
-      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
-      if (j < count)
-#pragma unroll
-        for (int e = 0; e < P::kSize; ++e)
-          f(static_cast<Acc<T>>(packs[k].v[e]), static_cast<Acc<T>>(other.packs[k].v[e]));
-    }
+      for (int e = 0; e < P::kSize; ++e) f(value(k, e), other.value(k, e));
+    });
   }
   template <class F> __device__ void store_with(T* out, const CachedRow& other, F f) const {
-#pragma unroll
-    for (int k = 0; k < kRowPacks; ++k) {
-      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
-      if (j < count) {
-        P o;
-#pragma unroll
-        for (int e = 0; e < P::kSize; ++e)
-          o.v[e] = static_cast<T>(f(static_cast<Acc<T>>(packs[k].v[e]), static_cast<Acc<T>>(other.packs[k].v[e])));
-        reinterpret_cast<P*>(out)[j] = o;
-      }
-    }
+    for_packs([&](int k, int64_t j) { put(out, j, [&](int e) { return f(value(k, e), other.value(k, e)); }); });
   }
   // out[i] = f(x[i], c) with c[q] = column operand q at i, the operands read in packs too.
   template <int E, class F> __device__ void store(T* out, const Columns<T, E>& cols, F f) const {
+    for_packs([&](int k, int64_t j) {
+      P in[E];
+#pragma unroll
+      for (int q = 0; q < E; ++q) in[q] = reinterpret_cast<const P*>(cols.p[q])[j];
+      put(out, j, [&](int e) {
+        Acc<T> c[E];
+#pragma unroll
+        for (int q = 0; q < E; ++q) c[q] = static_cast<Acc<T>>(in[q].v[e]);
+        return f(value(k, e), c);
+      });
+    });
+  }
+
+ private:
+  __device__ __forceinline__ Acc<T> value(int k, int e) const { return static_cast<Acc<T>>(packs[k].v[e]); }
+  // body(k, j) for this thread's packs: its k-th, the row's j-th (k a constant once unrolled, so
+  // the packs stay in registers).
+  template <class B> __device__ __forceinline__ void for_packs(B body) const {
 #pragma unroll
     for (int k = 0; k < kRowPacks; ++k) {
       const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
-      if (j < count) {
-        P in[E];
-#pragma unroll
-        for (int q = 0; q < E; ++q) in[q] = reinterpret_cast<const P*>(cols.p[q])[j];
-        P o;
-#pragma unroll
-        for (int e = 0; e < P::kSize; ++e) {
-          Acc<T> c[E];
-#pragma unroll
-          for (int q = 0; q < E; ++q) c[q] = static_cast<Acc<T>>(in[q].v[e]);
-          o.v[e] = static_cast<T>(f(static_cast<Acc<T>>(packs[k].v[e]), c));
-        }
-        reinterpret_cast<P*>(out)[j] = o;
-      }
+      if (j < count) body(k, j);
     }
+  }
+  // out's pack j: element e is value(e), rounded to T.
+  template <class V> __device__ __forceinline__ static void put(T* out, int64_t j, V value) {
+    P o;
+#pragma unroll
+    for (int e = 0; e < P::kSize; ++e) o.v[e] = static_cast<T>(value(e));
+    reinterpret_cast<P*>(out)[j] = o;
   }
 };
 
