@@ -1,15 +1,20 @@
 // The direct call behind opforge.torch.<op>(...): plain CPU tensors go from Python straight to
 // opforge's validator and kernel, without torch's dispatcher (whose Python entry alone costs
-// more than a native aten call). Everything else takes the torch op, unchanged: tensors that
-// need a gradient, tensor subclasses and FakeTensors, functorch wrappers, active dispatch modes,
-// CUDA tensors (their stream handling lives in the stable adapter), dtypes opforge lacks,
+// more than a native aten call). Plain CPU tensors that need a gradient go to the dispatcher
+// from here, boxed (its autograd kernel, autograd.cc, records the graph), which skips the torch
+// op's Python entry and argument parsing. Everything else takes the torch op, unchanged: tensor
+// subclasses and FakeTensors, functorch wrappers, active dispatch modes and torch function
+// modes, CUDA tensors (their stream handling lives in the stable adapter), dtypes opforge lacks,
 // forward-AD dual tensors, ops with a cast policy under torch.autocast.
 // Uses torch's Python C++ API (THPVariable), so it lives in the torch-version-specific library.
 #include <Python.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <ATen/ATen.h>
+#include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <memory>
@@ -31,10 +36,11 @@ namespace {
 using aten::dtype_of;
 using aten::scalar_type_of;
 
-// One op's direct entry: its declaration and the torch op to fall back on.
+// One op's direct entry: its declaration, the torch op to fall back on and its dispatcher handle.
 struct Entry {
   const OpDef* op;
   PyObject* overload;  // strong reference
+  std::optional<c10::OperatorHandle> handle;  // opforge::<name>, found at the first boxed call
 };
 
 // Keys that mean "someone else must see this call": on a tensor, subclasses and FakeTensors
@@ -48,17 +54,43 @@ const c10::DispatchKeySet kNeedsDispatcher{
     c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::FuncTorchVmapMode,
     c10::DispatchKey::BatchedNestedTensor};
 
-// The tensor's view for the fast path, or nullopt if this call must take the torch op.
-std::optional<TensorView> plain_cpu_view(const at::Tensor& t, bool grad_mode) {
-  if (t.device().type() != c10::DeviceType::CPU || t.layout() != c10::kStrided) return std::nullopt;
-  if (t.key_set().has_any(kNeedsDispatcher) || t.is_conj() || t.is_neg()) return std::nullopt;
-  if (grad_mode && t.requires_grad()) return std::nullopt;
-  if (t._fw_grad(/*level=*/0).defined()) return std::nullopt;  // a dual tensor: the op refuses forward AD
-  const std::optional<DType> dtype = dtype_of(t.scalar_type());
-  if (!dtype) return std::nullopt;
+// Whether a __torch_function__ must see a call with this tensor: a torch function mode is
+// active, or its type (a subclass other than those that disable it, like nn.Parameter) has one.
+// torch's own check (check_has_torch_function) is not exported from libtorch_python; this is
+// its rule.
+bool has_torch_function(PyObject* value) {
+  if (at::impl::torch_function_mode_enabled()) return true;
+  if (THPVariable_CheckExact(value) || at::impl::torch_function_all_disabled()) return false;
+  static PyObject* const disabled = [] {
+    PyObject* c = PyImport_ImportModule("torch._C");
+    PyObject* impl = c ? PyObject_GetAttrString(c, "_disabled_torch_function_impl") : nullptr;
+    Py_XDECREF(c);
+    if (!impl) PyErr_Clear();
+    return impl;  // kept for the process
+  }();
+  PyObject* attr = PyObject_GetAttrString(value, "__torch_function__");
+  if (!attr) {
+    PyErr_Clear();
+    return false;
+  }
+  const bool has = attr != disabled;
+  Py_DECREF(attr);
+  return has;
+}
+
+// A dense CPU tensor of an opforge dtype that nothing else must see: no subclass, functorch
+// wrapper, conjugate or negative view, forward-AD tangent (the op refuses forward AD).
+bool plain_cpu(const at::Tensor& t) {
+  return t.device().type() == c10::DeviceType::CPU && t.layout() == c10::kStrided &&
+         !t.key_set().has_any(kNeedsDispatcher) && !t.is_conj() && !t.is_neg() &&
+         !t._fw_grad(/*level=*/0).defined() && dtype_of(t.scalar_type()).has_value();
+}
+
+// A plain CPU tensor's view for the fast path.
+TensorView view_of(const at::Tensor& t) {
   TensorView view;
   view.data = t.data_ptr();  // includes the storage offset
-  view.dtype = *dtype;
+  view.dtype = *dtype_of(t.scalar_type());
   view.device = Device{DeviceType::cpu, 0};
   view.shape.assign(t.sizes().begin(), t.sizes().end());
   view.strides.assign(t.strides().begin(), t.strides().end());
@@ -101,6 +133,43 @@ PyObject* bad_value(const OpDef& op, const ArgSpec& arg, const char* what) {
   return nullptr;
 }
 
+// The op through torch's dispatcher, boxed, for plain CPU tensors that need a gradient: the
+// arguments as the schema has them (tensors from args, attributes as converted), the results
+// wrapped. Errors become Python exceptions as torch's own bindings make them.
+PyObject* call_boxed(Entry& entry, PyObject* const* args, const OpInputs& inputs) {
+  HANDLE_TH_ERRORS
+  if (!entry.handle) entry.handle = c10::Dispatcher::singleton().findSchemaOrThrow(
+                         ("opforge::" + entry.op->name()).c_str(), "");
+  const auto& specs = entry.op->schema().args;
+  torch::jit::Stack stack;
+  stack.reserve(specs.size());
+  size_t attr = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].kind == ArgKind::tensor || specs[i].kind == ArgKind::optional_tensor) {
+      stack.emplace_back(args[i] == Py_None ? c10::IValue() : c10::IValue(THPVariable_Unpack(args[i])));
+    } else {
+      std::visit([&](const auto& v) { stack.emplace_back(v); }, inputs.attrs[attr++]);
+    }
+  }
+  {
+    pybind11::gil_scoped_release no_gil;  // as torch's own op bindings: kernels may run long
+    entry.handle->callBoxed(stack);
+  }
+  if (stack.size() == 1) return THPVariable_Wrap(stack[0].toTensor());
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(stack.size()));
+  if (!tuple) return nullptr;
+  for (size_t i = 0; i < stack.size(); ++i) {
+    PyObject* item = THPVariable_Wrap(stack[i].toTensor());
+    if (!item) {
+      Py_DECREF(tuple);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), item);
+  }
+  return tuple;
+  END_HANDLE_TH_ERRORS
+}
+
 // fn(*args): every schema argument, positional, in order (opforge.torch's generated wrapper
 // binds names and defaults and checks argument kinds before calling this).
 PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -116,6 +185,7 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   bool direct = !c10::impl::tls_local_dispatch_key_set().included_.has_any(kNeedsDispatcher);
   // Under torch.autocast("cpu") an op with a cast policy casts in its autocast kernel (autocast.cc).
   direct = direct && !(op.autocast_policy() != AutocastPolicy::none && at::autocast::is_autocast_enabled(at::kCPU));
+  bool boxed = direct;  // every tensor plain CPU, some needing a gradient: call_boxed
   try {
     const bool grad_mode = at::GradMode::is_enabled();
     OpInputs inputs;
@@ -132,10 +202,15 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
           }
           [[fallthrough]];
         case ArgKind::tensor: {
-          std::optional<TensorView> view;
-          if (direct && THPVariable_Check(value)) view = plain_cpu_view(THPVariable_Unpack(value), grad_mode);
-          direct = direct && view.has_value();
-          if (view) inputs.tensors.emplace_back(std::move(view));
+          // direct: plain and needing no gradient; boxed: plain (some may need a gradient). A
+          // __torch_function__ (a subclass's, or an active TorchFunctionMode) must see the call:
+          // the torch op's Python entry gives it that.
+          const at::Tensor* t = boxed && THPVariable_Check(value) && !has_torch_function(value)
+                                    ? &THPVariable_Unpack(value)
+                                    : nullptr;
+          boxed = t && plain_cpu(*t);
+          direct = direct && boxed && !(grad_mode && t->requires_grad());
+          if (direct) inputs.tensors.emplace_back(view_of(*t));
           break;
         }
         // The generated wrapper has checked the kinds: a failed conversion is a value out of range.
@@ -166,7 +241,7 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
         }
       }
     }
-    if (!direct) return fall_back();
+    if (!direct) return boxed ? call_boxed(*entry, args, inputs) : fall_back();
     const Outputs results = infer_outputs(op, inputs);
     const Selection selection = select_kernel(op, inputs);
     std::vector<at::Tensor> outputs;

@@ -416,8 +416,9 @@ print("ok")
 
 
 def test_direct_call_hands_what_it_cannot_run_to_the_torch_op():
-    """opforge.torch.<op> runs plain CPU tensors itself; tensors needing a gradient, FakeTensors,
-    dispatch modes and functorch transforms go through torch.ops.opforge (same results)."""
+    """opforge.torch.<op> runs plain CPU tensors itself (those needing a gradient through the
+    dispatcher, boxed); FakeTensors, dispatch modes and functorch transforms go through
+    torch.ops.opforge (same results)."""
     x, w = torch.randn(4, 6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
     want = torch.ops.opforge.rms_norm(x, w, 1e-6)
     torch.testing.assert_close(ot.rms_norm(x, w), want, rtol=0, atol=0)
@@ -443,6 +444,39 @@ def test_direct_call_hands_what_it_cannot_run_to_the_torch_op():
     assert "opforge.rms_norm.default" in Recorder.seen
     grad = torch.func.grad(lambda v: ot.rms_norm(v, w).sum())(x)  # functorch: through the op's autograd
     torch.testing.assert_close(grad, torch.autograd.grad(ot.rms_norm(xg, w).sum(), xg)[0])
+
+
+@pytest.mark.parametrize("wants_grad", [False, True])
+def test_direct_call_respects_torch_function(wants_grad):
+    """A torch function mode sees opforge.torch's calls, and a tensor subclass keeps its type, as
+    with torch's own ops (the direct call once skipped both); nn.Parameter, whose
+    __torch_function__ is disabled, gives a plain tensor as torch.relu does."""
+    from torch.overrides import TorchFunctionMode
+
+    class Recorder(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class Tagged(torch.Tensor):
+        pass
+
+    x = torch.randn(4, 6, dtype=torch.float64).requires_grad_(wants_grad)
+    w = torch.randn(6, dtype=torch.float64)
+    with Recorder() as recorder:
+        ot.rms_norm(x, w)
+    assert recorder.seen == ["opforge.rms_norm.default"]
+    tagged = x.detach().as_subclass(Tagged).requires_grad_(wants_grad)
+    assert type(ot.rms_norm(tagged, w)) is type(torch.relu(tagged)) is Tagged
+    param = torch.nn.Parameter(x.detach().clone())
+    assert type(ot.relu(param)) is type(torch.relu(param)) is torch.Tensor
+    out = ot.rms_norm(param, w)
+    assert out.requires_grad and out.grad_fn is not None
+    torch.testing.assert_close(out, torch.ops.opforge.rms_norm(x.detach(), w, 1e-6), rtol=0, atol=0)
 
 
 def test_large_cpu_results_reuse_backend_memory():
