@@ -133,6 +133,22 @@ PyObject* bad_value(const OpDef& op, const ArgSpec& arg, const char* what) {
   return nullptr;
 }
 
+// The results as Python sees a torch op's: one tensor, or a tuple of them.
+PyObject* wrap_results(std::vector<at::Tensor> results) {
+  if (results.size() == 1) return THPVariable_Wrap(std::move(results[0]));
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(results.size()));
+  if (!tuple) return nullptr;
+  for (size_t i = 0; i < results.size(); ++i) {
+    PyObject* item = THPVariable_Wrap(std::move(results[i]));
+    if (!item) {
+      Py_DECREF(tuple);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), item);
+  }
+  return tuple;
+}
+
 // The op through torch's dispatcher, boxed, for plain CPU tensors that need a gradient: the
 // arguments as the schema has them (tensors from args, attributes as converted), the results
 // wrapped. Errors become Python exceptions as torch's own bindings make them.
@@ -155,18 +171,10 @@ PyObject* call_boxed(Entry& entry, PyObject* const* args, const OpInputs& inputs
     pybind11::gil_scoped_release no_gil;  // as torch's own op bindings: kernels may run long
     entry.handle->callBoxed(stack);
   }
-  if (stack.size() == 1) return THPVariable_Wrap(stack[0].toTensor());
-  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(stack.size()));
-  if (!tuple) return nullptr;
-  for (size_t i = 0; i < stack.size(); ++i) {
-    PyObject* item = THPVariable_Wrap(stack[i].toTensor());
-    if (!item) {
-      Py_DECREF(tuple);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), item);
-  }
-  return tuple;
+  std::vector<at::Tensor> results;
+  results.reserve(stack.size());
+  for (c10::IValue& value : stack) results.push_back(std::move(value).toTensor());
+  return wrap_results(std::move(results));
   END_HANDLE_TH_ERRORS
 }
 
@@ -273,18 +281,7 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
       }
       PyEval_RestoreThread(state);
     }
-    if (outputs.size() == 1) return THPVariable_Wrap(std::move(outputs[0]));
-    PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(outputs.size()));
-    if (!tuple) return nullptr;
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      PyObject* item = THPVariable_Wrap(std::move(outputs[i]));
-      if (!item) {
-        Py_DECREF(tuple);
-        return nullptr;
-      }
-      PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), item);
-    }
-    return tuple;
+    return wrap_results(std::move(outputs));
   } catch (const Error& error) {
     return raise(error);
   } catch (const std::exception& error) {

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "opforge/cuda/common.cuh"
+
 namespace opforge::linear_act_cuda {
 
 constexpr int kBig = 128, kBigStep = 8, kBigThreads = 256;
@@ -88,8 +90,7 @@ __global__ void __launch_bounds__(kBigThreads, 2)
 // p-contiguous, 16-byte aligned at every row start, K a multiple of 4, and few enough row tiles
 // for the grid's y dimension.
 inline bool sgemm_nt_fits(const void* a, int64_t lda, const void* b, int64_t ldb, int64_t M, int64_t K) {
-  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
-  return aligned(a) && aligned(b) && lda % 4 == 0 && ldb % 4 == 0 && K % 4 == 0 && K > 0 &&
+  return cuda::aligned16(a) && cuda::aligned16(b) && lda % 4 == 0 && ldb % 4 == 0 && K % 4 == 0 && K > 0 &&
          (M + kBig - 1) / kBig <= 65535;
 }
 

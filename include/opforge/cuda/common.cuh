@@ -39,22 +39,18 @@ struct Indexer {
   // divisions are a long instruction sequence on the GPU, which an elementwise kernel cannot hide.
   // 32-bit divisions are several times cheaper than 64-bit ones, hence `narrow`.
   __host__ __device__ __forceinline__ int64_t offset(int64_t linear) const {
+    return narrow ? unravel(static_cast<uint32_t>(linear)) : unravel(linear);
+  }
+
+  template <typename I>
+  __host__ __device__ __forceinline__ int64_t unravel(I rest) const {
     int64_t off = 0;
-    if (narrow) {
-      uint32_t rest = static_cast<uint32_t>(linear);
-      for (int d = rank - 1; d > 0; --d) {
-        const uint32_t size = static_cast<uint32_t>(shape[d]), q = rest / size;
-        off += static_cast<int64_t>(rest - q * size) * strides[d];
-        rest = q;
-      }
-      return rank > 0 ? off + static_cast<int64_t>(rest) * strides[0] : off;
-    }
     for (int d = rank - 1; d > 0; --d) {
-      const int64_t q = linear / shape[d];
-      off += (linear - q * shape[d]) * strides[d];
-      linear = q;
+      const I size = static_cast<I>(shape[d]), q = rest / size;
+      off += static_cast<int64_t>(rest - q * size) * strides[d];
+      rest = q;
     }
-    return rank > 0 ? off + linear * strides[0] : off;
+    return rank > 0 ? off + static_cast<int64_t>(rest) * strides[0] : off;
   }
 };
 
@@ -107,13 +103,13 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 // and the first elementwise kernels here ran at ~40% of the copy bandwidth on the H200.
 inline constexpr int kPacksPerThread = 4;
 
-// out[i] = f(in[0][i], ..., in[K-1][i]) in the accumulation type, over n contiguous elements of
-// 16-byte aligned operands, in 16-byte packs (the last n % kSize elements one by one).
 template <typename T, int K>
 struct Operands {
   const T* p[K];
 };
 
+// out[i] = f(in[0][i], ..., in[K-1][i]) in the accumulation type, over n contiguous elements of
+// 16-byte aligned operands, in 16-byte packs (the last n % kSize elements one by one).
 template <typename T, int K, class F>
 __global__ void __launch_bounds__(256) map_contiguous(T* __restrict__ out, Operands<T, K> in, int64_t n, F f) {
   using P = Pack<T>;

@@ -98,18 +98,11 @@ inline BlockWalk block_walk(const char* op, const TensorView& x) {
   return w;
 }
 
-// A block's fp16 scale, little-endian, at o (even: blocks are 34 or 18 bytes) as one 16-bit
-// store. On the H200 (sm_90, CUDA 13.0) the pair of byte stores this replaces lost the low byte
-// in every block (stored 0), while the PTX stored both bytes of the converted half.
-__device__ __forceinline__ void store_scale(uint8_t* o, uint16_t bits) {
-  if ((reinterpret_cast<uintptr_t>(o) & 1) == 0) {
-    *reinterpret_cast<uint16_t*>(o) = bits;
-  } else {  // an output view at an odd address: bytes, through a 32-bit value
-    const uint32_t wide = bits;
-    o[0] = static_cast<uint8_t>(wide & 0xffu);
-    o[1] = static_cast<uint8_t>(wide >> 8);
-  }
-}
+// A block's fp16 scale, little-endian, at o as one 16-bit store. o is even: results are fresh
+// allocations (every allocator here aligns to 256 bytes) and blocks are 34 or 18 bytes. On the
+// H200 (sm_90, CUDA 13.0) the pair of byte stores this replaces lost the low byte in every block
+// (stored 0), while the PTX stored both bytes of the converted half.
+__device__ __forceinline__ void store_scale(uint8_t* o, uint16_t bits) { *reinterpret_cast<uint16_t*>(o) = bits; }
 
 // out ([..., k / 32 * block bytes], contiguous) = x quantized per 32-value block, one warp a
 // block in a grid-stride loop.
