@@ -9,7 +9,9 @@ and 32 activation rows, vs torch's float32 and float16 matmul of the dequantized
 median time, GB/s (bytes read + written once, from the actual arrays), % of the device-to-device
 copy bandwidth measured in the same run (torch copy_, counting read + write), and opforge's
 speedup over each competitor (their time / ours). linear_act is compute-bound: TFLOP/s and % of
-torch.mm's float32 rate measured in the same run instead.
+torch.mm's float32 rate measured in the same run instead; it runs through cuBLASLt where that
+loads, and again with cuBLASLt off ("opforge own": opforge's own tiled kernels); then once more
+in bfloat16 (tensor cores) against torch.mm's bfloat16 rate.
 
 opforge runs through torch.ops.opforge on CUDA tensors, on torch's current stream. torch
 implementations are timed with CUDA events around one pass over the rotated inputs (median of
@@ -106,11 +108,11 @@ def copy_bandwidth(nbytes, repeats):
     return 2 * n * 4 / (ms * 1e-3) / 1e9
 
 
-def matmul_rate(repeats, n=8192):
-    """torch.mm float32 TFLOP/s (TF32 as torch is configured: off by default)."""
+def matmul_rate(repeats, n=8192, dtype="float32"):
+    """torch.mm TFLOP/s in `dtype` (float32: TF32 as torch is configured, off by default)."""
     import torch
 
-    a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
+    a, b = (torch.randn(n, n, device="cuda", dtype=getattr(torch, dtype)) for _ in range(2))
     ms = cuda_events_median(torch.mm, [(a, b)], max(5, repeats // 5))
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
@@ -119,7 +121,18 @@ def implementations(name, ref, attrs, compile_torch, use_jax):
     """impl -> (callable, "torch" | "jax")."""
     import torch
 
+    import opforge
+
     impls = {"opforge": (lambda *a: getattr(torch.ops.opforge, name)(*a, **attrs), "torch")}
+    if name == "linear_act" and opforge._core.cublaslt_status().startswith("cuBLASLt"):
+        def own_kernels(*a):  # opforge with cuBLASLt off: its own tiled kernels
+            before = opforge._core.set_cublaslt(False)
+            try:
+                return getattr(torch.ops.opforge, name)(*a, **attrs)
+            finally:
+                opforge._core.set_cublaslt(before)
+
+        impls["opforge own"] = (own_kernels, "torch")
     if hasattr(ref, "torch"):
         impls["torch eager"] = (lambda *a: ref.torch(*a, **attrs), "torch")
         if compile_torch:
@@ -203,22 +216,35 @@ def out_of_time(args, what):
     return False
 
 
-def bench_reference_ops(ops, args, results, copy_gbs, mm_tflops, l2_bytes):
+def to_jax(t):
+    """A CUDA torch tensor as a JAX GPU array (bfloat16 through float32: NumPy has no bfloat16)."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        return jax.device_put(jnp.asarray(t.float().cpu().numpy(), dtype=jnp.bfloat16), jax.devices("gpu")[0])
+    return jax.device_put(t.cpu().numpy(), jax.devices("gpu")[0])
+
+
+def bench_reference_ops(ops, args, results, copy_gbs, mm_tflops, l2_bytes, dtype="float32"):
     import torch
 
     rows = max(1, args.mib * (1 << 20) // (4 * COLS))
     for name in ops:
-        if out_of_time(args, name):
+        label = name if dtype == "float32" else f"{name} {dtype}"
+        if out_of_time(args, label):
             continue
         ref = importlib.import_module(f"opforge.references.{name}")
         arrays, attrs = ref.sample(Float32Rng(0), rows=rows, cols=COLS)
-        # float data in float32; integer inputs (scatter_add's index) keep their dtype
+        # float data in `dtype`; integer inputs (scatter_add's index) keep their dtype
         base = [torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32 if np.issubdtype(a.dtype, np.floating)
                                                       else a.dtype)).cuda() for a in map(np.asarray, arrays)]
+        base = [t.to(getattr(torch, dtype)) if t.is_floating_point() else t for t in base]
         try:
             out = getattr(torch.ops.opforge, name)(*base, **attrs)
         except Exception as error:  # one op failing must not cost the others their rows
-            print(f"{name}: opforge failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
+            print(f"{label}: opforge failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
             continue
         set_bytes = sum(t.numel() * t.element_size() for t in base)
         nbytes = set_bytes + out.numel() * out.element_size()
@@ -230,21 +256,21 @@ def bench_reference_ops(ops, args, results, copy_gbs, mm_tflops, l2_bytes):
                 if kind == "jax":
                     import jax
 
-                    jsets = [[jax.device_put(t.cpu().numpy(), jax.devices("gpu")[0]) for t in s] for s in sets]
+                    jsets = [[to_jax(t) for t in s] for s in sets]
                     times[impl] = jax_median(fn, jsets, args.repeats)
                     del jsets
                 else:
                     times[impl] = cuda_events_median(fn, sets, args.repeats)
             except Exception as error:  # a competitor failing (say, no jax GPU) is reported, not fatal
-                print(f"{name}: {impl} failed: {type(error).__name__}: {str(error)[:200]}", flush=True)
+                print(f"{label}: {impl} failed: {type(error).__name__}: {str(error)[:200]}", flush=True)
         shape = "x".join(map(str, base[0].shape))
         if "opforge" not in times:
             continue
         if hasattr(ref, "flops"):
             shapes_only = [np.broadcast_to(np.float32(0), tuple(t.shape)) for t in base[:2]]  # flops() reads shapes
-            results.add(name, shape, times, "TFLOP/s", ref.flops(shapes_only), mm_tflops)
+            results.add(label, shape, times, "TFLOP/s", ref.flops(shapes_only), mm_tflops)
         else:
-            results.add(name, shape, times, "GB/s", nbytes, copy_gbs)
+            results.add(label, shape, times, "GB/s", nbytes, copy_gbs)
         del sets, base, out
         torch.cuda.empty_cache()
 
@@ -341,7 +367,9 @@ def main(argv=None):
                                                 if mm_tflops else "") + ".",
               f"float32, {COLS} columns, {args.mib} MiB per full-size input, inputs rotated past 3x the "
               f"{l2_bytes >> 20} MiB L2; median of {args.repeats} passes over them (CUDA events; jax.jit: wall clock, "
-              "see the script)."]
+              "see the script).", f"linear_act's product: {opforge._core.cublaslt_status()}; "
+              "\"opforge own\" is opforge with cuBLASLt off (its own kernels); \"linear_act bfloat16\" "
+              "is % of torch.mm's bfloat16 rate."]
     print("\n".join(header) + "\n", flush=True)
     print(f"{'op':<14} {'shape':<22} {'impl':<14} {'median µs':>10} {'rate':>9} {'unit':<8} {'% lim':>6} {'speedup':>9}")
     title = f"opforge vs competitors (float32, {props.name})"
@@ -349,6 +377,9 @@ def main(argv=None):
     # The issue's ops, then matmul_q, then the rest (the quantizers' references are slow NumPy).
     main_ops = [o for o in ops if o in first]
     bench_reference_ops(main_ops, args, results, copy_gbs, mm_tflops, l2_bytes)
+    if "linear_act" in ops:  # where tensor cores count: bfloat16 against torch.mm's bfloat16 rate
+        bench_reference_ops(["linear_act"], args, results, copy_gbs, matmul_rate(args.repeats, dtype="bfloat16"),
+                            l2_bytes, dtype="bfloat16")
     if "matmul_q" in ops:
         bench_matmul_q(args, results, copy_gbs, l2_bytes)
     bench_reference_ops([o for o in ops if o not in main_ops and o != "matmul_q"], args, results, copy_gbs, mm_tflops,

@@ -23,6 +23,20 @@ python3 -m pip install -q --disable-pip-version-check \
   "torch==2.13.0" "jax==0.10.2" "jaxlib==0.10.2" "numpy>=1.24" "pytest>=8" \
   "nanobind>=2.2" "scikit-build-core>=0.10" "cmake>=3.28" ninja matplotlib flatbuffers
 
+# With a CUDA toolkit that lacks cuBLAS (as the development machines' does): NVIDIA's cuBLAS
+# wheel for cublasLt.h, which linear_act's CUDA forward compiles against (the library is loaded
+# at run time; torch's and JAX's CUDA builds bring their own copy).
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+if [[ -x "$nvcc" ]]; then
+  cuda_major=$("$nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+  if [[ -n "$cuda_major" && ! -f /usr/local/cuda/include/cublasLt.h &&
+        ! -f "$(dirname "$(dirname "$(readlink -f "$nvcc")")")/include/cublasLt.h" ]]; then
+    wheel="nvidia-cublas==${cuda_major}.*"
+    [[ "$cuda_major" -lt 13 ]] && wheel="nvidia-cublas-cu${cuda_major}"
+    python3 -m pip install -q --disable-pip-version-check "$wheel"
+  fi
+fi
+
 # No build isolation: the build must see the pinned packages above, not fetch its own.
 args=(--no-build-isolation --disable-pip-version-check -q)
 if [[ $with_tests -eq 1 ]]; then

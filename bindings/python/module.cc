@@ -8,6 +8,9 @@
 
 #include "call.h"
 #include "opforge/dispatch.h"
+#ifdef OPFORGE_WITH_CUDA
+#include "opforge/cuda/blaslt.h"
+#endif
 #include "opforge/parallel.h"
 #include "opforge/registry.h"
 #include "opforge/simd.h"
@@ -190,6 +193,14 @@ NB_MODULE(_core, m) {
   m.def("set_backend", &set_backend_override, nb::arg("op"), nb::arg("backend"));
   m.def("backend_override", &backend_override, nb::arg("op"));
   m.def("reload_config", &reload_config);
+#ifdef OPFORGE_WITH_CUDA
+  m.def("cublaslt_status", &cuda::blaslt::status, "Whether linear_act on CUDA uses cuBLASLt, and why not.");
+  m.def("set_cublaslt", &cuda::blaslt::set_enabled, nb::arg("enabled"),
+        "Turn cuBLASLt on or off for this process (tests, benchmarks); returns the previous setting.");
+#else
+  m.def("cublaslt_status", [] { return std::string("not built in (a CPU-only build)"); });
+  m.def("set_cublaslt", [](bool) { return false; }, nb::arg("enabled"));
+#endif
 #ifdef OPFORGE_WITH_JAX
   register_jax_bindings(m);
 #endif

@@ -6,13 +6,13 @@
 namespace opforge::add_cuda {
 
 struct Plus {
-  template <typename A> __device__ A operator()(A a, A b) const { return a + b; }
+  template <typename A> __device__ A operator()(A a, A b) const { return cuda::wrapping_add(a, b); }
 };
 
 template <typename T>
 __global__ void kernel(T* out, const T* x, cuda::Indexer ix, const T* y, cuda::Indexer iy, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    cuda::store(out + i, cuda::load(x + ix.offset(i)) + cuda::load(y + iy.offset(i)));
+    cuda::store(out + i, cuda::wrapping_add(cuda::load(x + ix.offset(i)), cuda::load(y + iy.offset(i))));
 }
 
 void run(const KernelCall& call) {

@@ -6,13 +6,13 @@
 namespace opforge::add_one_cuda {
 
 struct PlusOne {
-  template <typename A> __device__ A operator()(A x) const { return x + A(1); }
+  template <typename A> __device__ A operator()(A x) const { return cuda::wrapping_add(x, A(1)); }
 };
 
 template <typename T>
 __global__ void kernel(T* out, const T* x, cuda::Indexer ix, bool contiguous, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    cuda::store(out + i, cuda::load(x + (contiguous ? i : ix.offset(i))) + cuda::Acc<T>(1));
+    cuda::store(out + i, cuda::wrapping_add(cuda::load(x + (contiguous ? i : ix.offset(i))), cuda::Acc<T>(1)));
 }
 
 void run(const KernelCall& call) {

@@ -12,6 +12,7 @@
 
 #include "opforge/cuda/activation.cuh"
 #include "opforge/kernel.h"
+#include "ops/linear_act/blaslt.cuh"
 #include "ops/linear_act/sgemm_nt.cuh"
 
 namespace opforge::linear_act_cuda {
@@ -130,6 +131,7 @@ struct BiasAct {
 
 // linear_act's forward on call's stream (linear_act and linear_act_with_preact): out =
 // act(x @ weight^T + bias) into output 0, and with save_preact the sum before act into output 1.
+// cuBLASLt where it takes the case (blaslt.cuh), else opforge's own kernels.
 inline void forward(const KernelCall& call, const char* op, bool save_preact) {
   const TensorView& x = call.tensor("x");
   const TensorView& w = call.tensor("weight");
@@ -148,10 +150,14 @@ inline void forward(const KernelCall& call, const char* op, bool save_preact) {
     const int64_t lda = a.rows.rank == 1 ? a.rows.strides[0] : k;
     const bool nt = std::is_same_v<T, float> && a.rows.rank <= 1 && x.stride(-1) == 1 && w.stride(1) == 1 &&
                     sgemm_nt_fits(x.data, lda, w.data, w.stride(0), m, k);
-    visit_act(call.attr_str("act"), [&](auto act, auto) {
+    const std::string& act_name = call.attr_str("act");
+    T* preact = save_preact ? call.output(1).data_as<T>() : nullptr;
+    visit_act(act_name, [&](auto act, auto) {
+      if (forward_blaslt<T>(op, act_name, act, x, a.rows, w, bias, out.data_as<T>(), preact, m, n, k,
+                            cuda::stream_of(call)))
+        return;
       const BiasAct<T, decltype(act)> epi{out.data_as<T>(), n, bias ? bias->data_as<const T>() : nullptr,
-                                          bias ? bias->stride(0) : 0, act,
-                                          save_preact ? call.output(1).data_as<T>() : nullptr};
+                                          bias ? bias->stride(0) : 0, act, preact};
       if constexpr (std::is_same_v<T, float>) {
         if (nt) {
           sgemm_nt(op, m, n, k, x.data_as<const float>(), lda, w.data_as<const float>(), w.stride(0), epi,

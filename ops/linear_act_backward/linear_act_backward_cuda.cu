@@ -1,10 +1,12 @@
 // linear_act_backward on CUDA: g = grad * act'(z) into a float workspace, then the tiled product
-// of ops/linear_act/gemm.cuh twice: grad_x = g @ weight and grad_weight = g^T @ x. z is preact
+// of ops/linear_act/gemm.cuh twice: grad_x = g @ weight and grad_weight = g^T @ x (cuBLASLt's
+// products instead for float32 and float64, where it loads and takes the layout). z is preact
 // (saved by linear_act_with_preact: g is one elementwise kernel) or, without it, recomputed by a
 // third product whose epilogue stores g; act='none' needs no z. grad_bias sums g's columns in an
 // order fixed by the shapes (deterministic).
 #include <type_traits>
 
+#include "opforge/cuda/blaslt.h"
 #include "opforge/cuda/sum_to_shape.cuh"
 #include "opforge/registry.h"
 #include "ops/linear_act/gemm.cuh"
@@ -65,6 +67,11 @@ void run(const KernelCall& call) {
     try {
       const cuda::Indexer x_cols = cuda::make_indexer(op, {k}, {x.stride(-1)});
       const Mat<T> xa{x.data_as<const T>(), x_rows, x_cols};
+      // cuBLASLt where g (in the accumulation type) has x's dtype, and x's rows are one stride
+      // apart (its leading dims merge); it may still decline a layout (then the tiled kernels).
+      const bool by_blaslt = std::is_same_v<A, T> && x_rows.rank <= 1;
+      const int64_t x_row_stride = x_rows.rank == 1 ? x_rows.strides[0] : k;
+      const bool bias_packed = bias && (bias->stride(0) == 1 || n == 1);
       visit_act(call.attr_str("act"), [&](auto, auto act_grad) {
         // act='none' needs no z (g = grad; IdentityGrad ignores the grad passed as z).
         constexpr bool identity = std::is_same_v<decltype(act_grad), IdentityGrad>;
@@ -76,18 +83,34 @@ void run(const KernelCall& call) {
               act_grad);
           return cuda::check_launch(op);
         }
+        // z = x @ weight^T + bias into g by cuBLASLt (float32, float64: g has x's dtype), then
+        // g = grad * act'(z) in place; else one product whose epilogue forms g.
+        if (by_blaslt && (!bias || bias_packed) &&
+            cuda::blaslt::matmul(op, x.dtype, m, n, k, {x.data, x_row_stride, x.stride(-1)},
+                                 {w.data, w.stride(0), w.stride(1)}, bias ? bias->data : nullptr, false, g, x.dtype,
+                                 stream)) {
+          grad_from_preact<T><<<cuda::blocks_for(m * n, 256), 256, 0, stream>>>(
+              g, m, n, grad.data_as<const T>(), g_rows, grad.stride(-1), reinterpret_cast<const T*>(g),
+              cuda::make_indexer(op, {m}, {n}), 1, act_grad);
+          return cuda::check_launch(op);
+        }
         const GradAct<T, decltype(act_grad)> epi{g, n, grad.data_as<const T>(), g_rows, grad.stride(-1),
                                                  bias ? bias->data_as<const T>() : nullptr, bias ? bias->stride(0) : 0,
                                                  act_grad};
         gemm<A>(op, m, n, k, xa, matrix(op, w.data_as<const T>(), n, w.stride(0), k, w.stride(1)), epi, stream);
       });
       // Only the results asked for (output_mask; the others are empty, k == 0 makes both empty).
-      if (call.output(0).numel()) {
+      // grad_x[a, b] = sum_p g[a, p] weight[p, b]; grad_weight[a, b] = sum_p g[p, a] x[p, b].
+      if (call.output(0).numel() &&
+          !(by_blaslt && cuda::blaslt::matmul(op, x.dtype, m, k, n, {g, n, 1}, {w.data, w.stride(1), w.stride(0)},
+                                              nullptr, false, call.output(0).data, x.dtype, stream))) {
         const BiasAct<T, Identity> gx{call.output(0).data_as<T>(), k, nullptr, 0, Identity{}};
         const Mat<T> w_t = matrix(op, w.data_as<const T>(), k, w.stride(1), n, w.stride(0));
         gemm<A>(op, m, k, n, matrix<A>(op, g, m, n, n, 1), w_t, gx, stream);
       }
-      if (call.output(1).numel()) {
+      if (call.output(1).numel() &&
+          !(by_blaslt && cuda::blaslt::matmul(op, x.dtype, n, k, m, {g, 1, n}, {x.data, x.stride(-1), x_row_stride},
+                                              nullptr, false, call.output(1).data, x.dtype, stream))) {
         const BiasAct<T, Identity> gw{call.output(1).data_as<T>(), k, nullptr, 0, Identity{}};
         gemm<A>(op, n, k, m, matrix<A>(op, g, n, 1, m, n), Mat<T>{x.data_as<const T>(), x_cols, x_rows}, gw, stream);
       }

@@ -1,30 +1,18 @@
 // mul on CUDA: same-shape contiguous operands in 16-byte packs (cuda::map_contiguous); others
 // broadcast through per-operand indexers (stride 0 on broadcast dims).
-#include <type_traits>
-
 #include "opforge/cuda/common.cuh"
 #include "opforge/registry.h"
 
 namespace opforge::mul_cuda {
 
-template <typename A>
-__device__ __forceinline__ A times(A a, A b) {
-  if constexpr (std::is_integral_v<A>) {  // wraps like NumPy and torch, without signed-overflow UB
-    using U = std::make_unsigned_t<A>;
-    return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
-  } else {
-    return a * b;
-  }
-}
-
 struct Times {
-  template <typename A> __device__ A operator()(A a, A b) const { return times(a, b); }
+  template <typename A> __device__ A operator()(A a, A b) const { return cuda::wrapping_mul(a, b); }
 };
 
 template <typename T>
 __global__ void kernel(T* out, const T* x, cuda::Indexer ix, const T* y, cuda::Indexer iy, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    cuda::store(out + i, times(cuda::load(x + ix.offset(i)), cuda::load(y + iy.offset(i))));
+    cuda::store(out + i, cuda::wrapping_mul(cuda::load(x + ix.offset(i)), cuda::load(y + iy.offset(i))));
 }
 
 void run(const KernelCall& call) {

@@ -95,7 +95,8 @@ def set_backend(backend: str | None, op: str | None = None) -> None:
 
 
 def info() -> dict:
-    """Version, SIMD targets (compiled, supported, chosen), backends and thread count."""
+    """Version, SIMD targets (compiled, supported, chosen), backends, whether linear_act
+    on CUDA uses cuBLASLt, and the thread count."""
     return {
         "version": __version__,
         "simd_compiled": simd_targets_compiled(),
@@ -103,6 +104,7 @@ def info() -> dict:
         "simd_chosen": simd_target(),
         "backends": backends(),
         "built_with_cuda": _core.built_with_cuda,
+        "cublaslt": _core.cublaslt_status(),
         "num_threads": num_threads(),
         "plugins": list(loaded_plugins),
         "ops": _core.op_names(),

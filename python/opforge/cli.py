@@ -20,6 +20,7 @@ def _print_info(as_json: bool) -> None:
     print(f"SIMD targets this CPU runs: {', '.join(info['simd_supported'])}")
     print(f"SIMD target chosen: {info['simd_chosen']}")
     print(f"CUDA kernels compiled: {'yes' if info['built_with_cuda'] else 'no'}")
+    print(f"cuBLASLt (linear_act on CUDA): {info['cublaslt']}")
     print("Backends:")
     for b in info["backends"]:
         state = "available" if b["available"] else f"unavailable ({b['reason']})"

@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 
 import opforge  # noqa: E402
 import opforge.torch  # noqa: E402,F401  (defines torch.ops.opforge)
-from opforge.testing import FLOAT_DTYPES, TOLERANCES  # noqa: E402
+from opforge.testing import COMPUTE_EPS, FLOAT_DTYPES, TOLERANCES  # noqa: E402
 from op_samples import backward_values  # noqa: E402
 
 DEVICE = os.environ.get("OPFORGE_TEST_DEVICE", "cuda")
@@ -441,6 +441,23 @@ def test_quantize_ties_and_fragile_values(rng):
         assert torch.equal(quantize(x.to(DEVICE)).cpu(), quantize(x))
 
 
+@pytest.fixture(params=["cublaslt", "own"])
+def matmul_library(request):
+    """linear_act's CUDA forward through cuBLASLt (the default where it loads) and through
+    opforge's own kernels (cuBLASLt off); on the CPU dry run both are the CPU kernel."""
+    before = opforge._core.set_cublaslt(request.param == "cublaslt")
+    yield request.param
+    opforge._core.set_cublaslt(before)
+
+
+def test_cublaslt_is_loaded_beside_torch():
+    """torch's CUDA build loads libcublasLt at import; opforge uses that copy (opforge.info())."""
+    status = opforge.info()["cublaslt"]
+    if not ON_GPU:
+        pytest.skip(f"cuBLASLt is for GPU arrays (here: {status})")
+    assert status.startswith("cuBLASLt "), status
+
+
 # The float32 product's tiles (sgemm_nt.cuh: 128 x 128, K in steps of 8, float4 loads) against its
 # edges: M and N one short of, at and one past a tile, K a multiple of 4 but not of 8, one row;
 # and the layouts that take the other kernel (K not a multiple of 4, rows not 16-byte aligned).
@@ -449,16 +466,70 @@ LINEAR_SHAPES = [(1, 4, 1), (127, 36, 129), (128, 8, 128), (129, 260, 255), (300
 
 @pytest.mark.parametrize("act", ["none", "gelu"])
 @pytest.mark.parametrize("m, k, n", LINEAR_SHAPES, ids=lambda v: str(v))
-def test_linear_act_float32_tiles(m, k, n, act, rng):
+def test_linear_act_float32_tiles(m, k, n, act, matmul_library, rng):
     x = torch.from_numpy(rng.standard_normal((m, k + 4))).float()
     w = torch.from_numpy(rng.standard_normal((n, k))).float()
     b = torch.from_numpy(rng.standard_normal(n)).float()
     xd = x.to(DEVICE)
-    for cols in (slice(0, k), slice(1, k + 1)):  # rows k + 4 apart: 16-byte aligned when k % 4 == 0, then not
-        want = x[:, cols].double() @ w.double().T + b.double()
+    # rows k + 4 apart: 16-byte aligned when k % 4 == 0, then one element in (not aligned), then
+    # an aligned start with rows k + 2 apart (the second row not aligned)
+    for view in (xd[:, :k], xd[:, 1:k + 1], xd.reshape(-1)[: m * (k + 2)].reshape(m, k + 2)[:, :k]):
+        want = view.cpu().double() @ w.double().T + b.double()
         want = torch.nn.functional.gelu(want) if act == "gelu" else want
-        got = opforge.torch.linear_act(xd[:, cols], w.to(DEVICE), b.to(DEVICE), act=act).cpu()
+        got = opforge.torch.linear_act(view, w.to(DEVICE), b.to(DEVICE), act=act).cpu()
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
+
+
+def activate(z, act):
+    if act == "gelu_tanh":
+        return torch.nn.functional.gelu(z, approximate="tanh")
+    return {"none": lambda v: v, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
+            "silu": torch.nn.functional.silu}[act](z)
+
+
+def linear_reference(x, w, b, act):
+    return activate(torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double()), act)
+
+
+def linear_layouts(rng, t):
+    """(name, x, weight, bias) on the device: the plain layout, and views each library must read
+    as they are or decline (then opforge's own kernel runs): a transposed weight, x transposed,
+    3-D x whose leading dims merge or do not, rows broadcast (stride 0), a strided bias, no bias."""
+    m, k, n = 37, 70, 45
+    def dev(*shape):
+        return torch.from_numpy(rng.standard_normal(shape) / np.sqrt(shape[-1])).to(t).to(DEVICE)
+    x, w, b = dev(m, k), dev(n, k), dev(n)
+    x3 = dev(3, 8, k)
+    yield "plain", x, w, b
+    yield "weight_t", x, dev(k, n).T, b
+    yield "x_t", dev(k, m).T, w, b
+    yield "x_3d", x3, w, b
+    yield "x_3d_unmerged", x3[:, 1:7], w, b
+    yield "rows_broadcast", x[:1].expand(m, k), w, b
+    yield "bias_strided", x, w, dev(2 * n)[::2]
+    yield "no_bias", x, w, None
+
+
+@pytest.mark.parametrize("preact", [False, True], ids=["linear_act", "with_preact"])
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_linear_act_libraries_and_layouts(dtype, act, preact, matmul_library, rng):
+    """Every dtype, activation and layout through cuBLASLt and through opforge's own kernels
+    against a float64 reference: each result rounded once from the accumulation type (so a half
+    type's error is about one rounding of the result plus the float sums')."""
+    rtol, atol = TOLERANCES[dtype]
+    rtol = max(rtol, {"float16": 2.0**-10, "bfloat16": 2.0**-7}.get(dtype, 0.0))
+    atol += 16 * COMPUTE_EPS[dtype] * 70 ** 0.5  # sums of k = 70 terms of size ~1
+    for name, x, w, b in linear_layouts(rng, getattr(torch, dtype)):
+        want = linear_reference(x.cpu(), w.cpu(), None if b is None else b.cpu(), act)
+        if preact:
+            got, z = torch.ops.opforge.linear_act_with_preact(x, w, b, act=act)
+            want_z = linear_reference(x.cpu(), w.cpu(), None if b is None else b.cpu(), "none")
+            torch.testing.assert_close(z.cpu().double(), want_z, rtol=rtol, atol=atol, msg=name)
+        else:
+            got = opforge.torch.linear_act(x, w, b, act=act)
+        assert got.dtype == x.dtype and got.shape == want.shape, name
+        torch.testing.assert_close(got.cpu().double(), want, rtol=rtol, atol=atol, msg=name)
 
 
 # The memory-bound kernels' fast paths against their edges: elementwise ops in 16-byte packs
@@ -482,21 +553,65 @@ def test_elementwise_packs_and_tails(n, dtype, rng):
         torch.testing.assert_close(g, torch.nn.functional.silu(a.cpu().double()), rtol=rtol, atol=atol)
 
 
+@pytest.mark.parametrize("saved", [False, True], ids=["recomputed", "preact"])
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "silu"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_linear_act_backward_libraries_and_layouts(dtype, act, saved, matmul_library, rng):
+    """linear_act_backward's three results through cuBLASLt (float32 and float64) and opforge's
+    own kernels, with the pre-activation saved or recomputed, against float64 autograd."""
+    rtol, atol = TOLERANCES[dtype]
+    rtol = max(rtol, {"float16": 2.0**-10, "bfloat16": 2.0**-7}.get(dtype, 0.0))
+    atol += 16 * COMPUTE_EPS[dtype] * 70 ** 0.5
+    for name, x, w, b in linear_layouts(rng, getattr(torch, dtype)):
+        grad = torch.from_numpy(rng.standard_normal((*x.shape[:-1], w.shape[0]))).to(x.dtype).to(DEVICE)
+        leaves = [t.cpu().double().requires_grad_() for t in (x, w) + ((b,) if b is not None else ())]
+        z = torch.nn.functional.linear(*leaves)
+        want = torch.autograd.grad(activate(z, act), leaves, grad.cpu().double())
+        preact = None
+        if saved:
+            preact = torch.ops.opforge.linear_act_with_preact(x, w, b, act=act)[1]
+        got = torch.ops.opforge.linear_act_backward(grad, x, w, b, preact, act=act)
+        for i, (g, wnt) in enumerate(zip(got, want)):
+            torch.testing.assert_close(g.cpu().double(), wnt, rtol=rtol, atol=atol * 8, msg=f"{name}: result {i}")
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_integer_ops_wrap(dtype):
+    """Integer add, mul and add_one wrap around as torch's do (two's complement), on the packed
+    path (contiguous) and the strided one."""
+    t = getattr(torch, dtype)
+    lo, hi = torch.iinfo(t).min, torch.iinfo(t).max
+    x = torch.tensor([hi, lo, hi, -3, hi, lo, 7, hi, lo], dtype=t)
+    y = torch.tensor([1, -1, hi, 5, 2, lo, -9, -hi, lo], dtype=t)
+    for a, b in ((x, y), (x[::2], y[::2])):
+        ad, bd = a.to(DEVICE), b.to(DEVICE)
+        assert torch.equal(opforge.torch.add(ad, bd).cpu(), a + b)
+        assert torch.equal(opforge.torch.mul(ad, bd).cpu(), a * b)
+        assert torch.equal(opforge.torch.add_one(ad).cpu(), a + 1)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("n", ROW_LENGTHS)
-def test_row_kernels_cached_and_in_place(n, rng):
-    x = torch.from_numpy(rng.standard_normal((5, n + 1))).float().to(DEVICE)
-    w2, b = (torch.from_numpy(rng.standard_normal(2 * n)).float().to(DEVICE) for _ in range(2))
+def test_row_kernels_cached_and_in_place(n, dtype, rng):
+    """Packs of 4 (float32), 2 (float64) and 8 (the half types) elements per 16 bytes."""
+    t = getattr(torch, dtype)
+    x = torch.from_numpy(rng.standard_normal((5, n + 1))).to(t).to(DEVICE)
+    w2, b = (torch.from_numpy(rng.standard_normal(2 * n)).to(t).to(DEVICE) for _ in range(2))
     w, b = w2[:n], b[:n]
+    rtol, atol = TOLERANCES[dtype]
+    rtol, atol = max(rtol, {"float16": 2.0**-10, "bfloat16": 2.0**-7}.get(dtype, 0.0)), max(atol, 1e-5 * (t != torch.float64))
     # rows in registers where they fit; strided rows; a strided weight (both in place)
     for v, g in ((x[:, :n].contiguous(), w), (x[:, 1:], w), (x[:, :n].contiguous(), w2[::2])):
         vd, gd, bd = v.cpu().double(), g.cpu().double(), b.cpu().double()
-        y = torch.softmax(vd, -1)
+        y = torch.softmax(vd, -1).to(t)  # the cotangent's partner in softmax_backward, in the op's dtype
+        yd = y.double()
         want = {"rms_norm": vd * torch.rsqrt(vd.square().mean(-1, keepdim=True) + 1e-6) * gd,
                 "layer_norm": torch.nn.functional.layer_norm(vd, (n,), gd, bd, 1e-5),
-                "softmax": y,
-                "softmax_backward": y * (vd - (vd * y).sum(-1, keepdim=True))}  # v as the cotangent
+                "softmax": torch.softmax(vd, -1),
+                "softmax_backward": yd * (vd - (vd * yd).sum(-1, keepdim=True))}  # v as the cotangent
         got = {"rms_norm": opforge.torch.rms_norm(v, g, 1e-6), "layer_norm": opforge.torch.layer_norm(v, g, b, 1e-5),
                "softmax": opforge.torch.softmax(v),
-               "softmax_backward": torch.ops.opforge.softmax_backward(v, y.float().to(DEVICE))}
+               "softmax_backward": torch.ops.opforge.softmax_backward(v, y.to(DEVICE))}
         for name in want:
-            torch.testing.assert_close(got[name].cpu().double(), want[name], rtol=1e-5, atol=1e-5, msg=name)
+            assert got[name].dtype == t, name
+            torch.testing.assert_close(got[name].cpu().double(), want[name], rtol=rtol, atol=atol, msg=name)

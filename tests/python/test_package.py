@@ -3,7 +3,10 @@
 import importlib.metadata
 import importlib.util
 import inspect
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -79,6 +82,33 @@ def test_info():
     assert cpu["available"] and cpu["device"] == "cpu"
     for b in info["backends"]:
         assert b["available"] or b["reason"], b  # an unavailable backend says why
+
+
+def cublaslt_status_with(setting):
+    env = dict(os.environ, OPFORGE_CUBLASLT=setting)
+    code = "import opforge; print(opforge.info()['cublaslt'])"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.skipif(not opforge._core.built_with_cuda, reason="cuBLASLt is part of the CUDA build")
+def test_cublaslt_loader():
+    """linear_act's CUDA forward loads cuBLASLt at run time (no GPU needed to load it): the status
+    names the library and its version, or says why it is not used; OPFORGE_CUBLASLT=0 turns it
+    off, a path names the file; set_cublaslt switches it for the process."""
+    assert cublaslt_status_with("0") == "turned off by OPFORGE_CUBLASLT=0"
+    missing = cublaslt_status_with("/nonexistent/libcublasLt.so.13")
+    assert missing.startswith("/nonexistent/libcublasLt.so.13 not loaded ("), missing
+    wheel = importlib.util.find_spec("nvidia.cu13")  # scripts/install.sh installs it for the header
+    if wheel is None or "not built in" in opforge.info()["cublaslt"]:
+        pytest.skip("no cuBLASLt wheel to load")
+    path = os.path.join(list(wheel.submodule_search_locations)[0], "lib", "libcublasLt.so.13")
+    loaded = cublaslt_status_with(path)
+    assert re.fullmatch(r"cuBLASLt 13\.\d+\.\d+ \(" + re.escape(path) + r"\)", loaded), loaded
+    before = opforge._core.set_cublaslt(False)
+    try:
+        assert opforge._core.set_cublaslt(False) is False
+    finally:
+        opforge._core.set_cublaslt(before)
 
 
 def test_simd_targets():

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "opforge/error.h"
@@ -26,6 +27,24 @@ template <typename T> using Acc = typename AccOf<T>::type;
 
 template <typename T> __device__ __forceinline__ Acc<T> load(const T* p) { return static_cast<Acc<T>>(*p); }
 template <typename T> __device__ __forceinline__ void store(T* p, Acc<T> v) { *p = static_cast<T>(v); }
+
+// a + b and a * b; integers wrap as NumPy's and torch's do, without C++'s signed-overflow UB.
+template <typename A> __device__ __forceinline__ A wrapping_add(A a, A b) {
+  if constexpr (std::is_integral_v<A>) {
+    using U = std::make_unsigned_t<A>;
+    return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return a + b;
+  }
+}
+template <typename A> __device__ __forceinline__ A wrapping_mul(A a, A b) {
+  if constexpr (std::is_integral_v<A>) {
+    using U = std::make_unsigned_t<A>;
+    return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
+  } else {
+    return a * b;
+  }
+}
 
 // Shape and one operand's strides, passed by value to kernels.
 struct Indexer {
@@ -112,6 +131,7 @@ struct Operands {
 // 16-byte aligned operands, in 16-byte packs (the last n % kSize elements one by one).
 template <typename T, int K, class F>
 __global__ void __launch_bounds__(256) map_contiguous(T* __restrict__ out, Operands<T, K> in, int64_t n, F f) {
+  static_assert(K == 1 || K == 2, "map_contiguous applies unary and binary functions");
   using P = Pack<T>;
   constexpr int U = kPacksPerThread;
   const int64_t packs = n / P::kSize;
@@ -147,6 +167,15 @@ __global__ void __launch_bounds__(256) map_contiguous(T* __restrict__ out, Opera
   }
 }
 
+// map_contiguous over n elements of 16-byte aligned operands (the caller checked); n may be 0.
+template <typename T, int K, class F>
+void launch_map_contiguous(T* out, Operands<T, K> in, int64_t n, F f, cudaStream_t stream) {
+  if (n == 0) return;
+  const int64_t packs = n / Pack<T>::kSize;
+  const int64_t threads_needed = std::max<int64_t>((packs + kPacksPerThread - 1) / kPacksPerThread, 1);
+  map_contiguous<T, K><<<blocks_for(threads_needed, 256), 256, 0, stream>>>(out, in, n, f);
+}
+
 // Launches map_contiguous for out = f(in...) if every operand is contiguous, shaped like out and
 // 16-byte aligned; returns false (nothing launched) otherwise, for the caller's strided kernel.
 template <typename T, int K, class F>
@@ -159,11 +188,7 @@ bool try_map_contiguous(const TensorView& out, const std::array<const TensorView
     if (t.shape != out.shape || !t.is_contiguous() || !aligned16(t.data)) return false;
     ops.p[k] = static_cast<const T*>(t.data);
   }
-  const int64_t n = out.numel();
-  if (n == 0) return true;
-  const int64_t packs = n / Pack<T>::kSize;
-  const int64_t threads_needed = std::max<int64_t>((packs + kPacksPerThread - 1) / kPacksPerThread, 1);
-  map_contiguous<T, K><<<blocks_for(threads_needed, 256), 256, 0, stream>>>(static_cast<T*>(out.data), ops, n, f);
+  launch_map_contiguous<T, K>(static_cast<T*>(out.data), ops, out.numel(), f, stream);
   return true;
 }
 

@@ -99,9 +99,11 @@ inline BlockWalk block_walk(const char* op, const TensorView& x) {
 }
 
 // A block's fp16 scale, little-endian, at o as one 16-bit store. o is even: results are fresh
-// allocations (every allocator here aligns to 256 bytes) and blocks are 34 or 18 bytes. On the
-// H200 (sm_90, CUDA 13.0) the pair of byte stores this replaces lost the low byte in every block
-// (stored 0), while the PTX stored both bytes of the converted half.
+// allocations (every allocator here aligns to 256 bytes) and blocks are 34 or 18 bytes. Keep it
+// one store: the pair of byte stores it replaced lost the low byte of every scale on the H200
+// (sm_90, CUDA 13.0). The PTX was right (cvt.rn.f16.f32, then st.global.u8 of the half's bits);
+// ptxas turned the low byte's store into F2I.U8.F16.TRUNC, a conversion of the half's value to
+// an integer (0 for every scale below 1), as the SASS of that kernel (nvdisasm) shows.
 __device__ __forceinline__ void store_scale(uint8_t* o, uint16_t bits) { *reinterpret_cast<uint16_t*>(o) = bits; }
 
 // out ([..., k / 32 * block bytes], contiguous) = x quantized per 32-value block, one warp a

@@ -1,0 +1,39 @@
+// NVIDIA's cuBLASLt for the matrix products of opforge's CUDA kernels (linear_act and its backward),
+// loaded at run time: opforge does not link it, so a machine without it still runs every op on
+// opforge's own kernels. The library is the one the process already has (torch and JAX's CUDA
+// builds load it), else libcublasLt.so.<major> from the loader's path; OPFORGE_CUBLASLT=0 turns
+// it off and OPFORGE_CUBLASLT=/path/to/libcublasLt.so.13 names the file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "opforge/dtype.h"
+
+namespace opforge::cuda::blaslt {
+
+// One operand of D[a, b] = sum_p A(a, p) B(b, p): element (r, p) at data[r * row_stride + p * col_stride].
+struct Operand {
+  const void* data;
+  int64_t row_stride, col_stride;
+};
+
+// D = A B^T (+ bias[b]) (then relu), D row-major [m, n] at `out` (contiguous), in `out_dtype`:
+// `dtype` (the operands' and the bias's) or, for the half types, float32 (a product rounded once
+// by the caller's own epilogue). On `stream` (a cudaStream_t) of the current device. Sums in
+// float for float32 (no TF32: torch's default precision) and the half types, in double for
+// float64. Returns false, having launched nothing, when cuBLASLt is not loaded or turned off,
+// when one operand is strided in both dimensions or its rows overlap, or when cuBLASLt has no
+// algorithm for the case; the caller then runs its own kernel. A failure of a call cuBLASLt
+// accepted raises opforge's runtime error naming `op`.
+bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const void* bias,
+            bool relu, void* out, DType out_dtype, void* stream);
+
+// "cuBLASLt 13.1.0 (libcublasLt.so.13)" when matmul uses it, else why not.
+std::string status();
+
+// Turns cuBLASLt on or off for this process (opforge's own kernels when off); returns the
+// previous setting. For tests and benchmarks that compare the two.
+bool set_enabled(bool enabled);
+
+}  // namespace opforge::cuda::blaslt

@@ -1,0 +1,311 @@
+// opforge/cuda/blaslt.h: cuBLASLt through dlopen. The header gives the types and the function
+// signatures (decltype); the library is found at run time, so libopforge.so has no link-time
+// dependency on it and opforge's own kernels stay the fallback for every case cuBLASLt declines.
+#include "opforge/cuda/blaslt.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "opforge/error.h"
+
+#if OPFORGE_WITH_CUBLASLT
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#endif
+
+namespace opforge::cuda::blaslt {
+
+namespace {
+std::atomic<bool> enabled{true};
+}  // namespace
+
+bool set_enabled(bool on) { return enabled.exchange(on); }
+
+#if !OPFORGE_WITH_CUBLASLT
+
+bool matmul(const char*, DType, int64_t, int64_t, int64_t, Operand, Operand, const void*, bool, void*, DType, void*) {
+  return false;
+}
+std::string status() { return "not built in (cublasLt.h was not found when opforge was compiled)"; }
+
+#else
+
+namespace {
+
+// The entry points used, resolved from the library with the header's signatures.
+struct Library {
+  void* handle = nullptr;
+  std::string name, reason;  // reason: why it is not used (empty when loaded)
+  size_t version = 0;
+#define OPFORGE_LT_FN(f) decltype(&::f) f = nullptr;
+  OPFORGE_LT_FN(cublasLtGetVersion)
+  OPFORGE_LT_FN(cublasLtCreate)
+  OPFORGE_LT_FN(cublasLtMatmulDescCreate)
+  OPFORGE_LT_FN(cublasLtMatmulDescDestroy)
+  OPFORGE_LT_FN(cublasLtMatmulDescSetAttribute)
+  OPFORGE_LT_FN(cublasLtMatrixLayoutCreate)
+  OPFORGE_LT_FN(cublasLtMatrixLayoutDestroy)
+  OPFORGE_LT_FN(cublasLtMatmulPreferenceCreate)
+  OPFORGE_LT_FN(cublasLtMatmulPreferenceDestroy)
+  OPFORGE_LT_FN(cublasLtMatmulPreferenceSetAttribute)
+  OPFORGE_LT_FN(cublasLtMatmulAlgoGetHeuristic)
+  OPFORGE_LT_FN(cublasLtMatmul)
+#undef OPFORGE_LT_FN
+
+  template <typename F>
+  bool resolve(F& fn, const char* symbol) {
+    fn = reinterpret_cast<F>(dlsym(handle, symbol));
+    if (!fn) reason = str(name, " lacks ", symbol);
+    return fn != nullptr;
+  }
+
+  Library() {
+    const char* env = std::getenv("OPFORGE_CUBLASLT");
+    const std::string setting = env ? env : "";
+    if (setting == "0" || setting == "off") {
+      reason = "turned off by OPFORGE_CUBLASLT=" + setting;
+      return;
+    }
+    // The major version opforge was compiled against: the C API is stable within it.
+    const std::string soname = str("libcublasLt.so.", CUBLAS_VER_MAJOR);
+    if (!setting.empty() && setting != "1") {
+      name = setting;
+      handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    } else {
+      name = soname;  // the process's copy first (torch's, JAX's), else the loader's search
+      handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+      if (!handle) handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!handle) {
+      const char* why = dlerror();
+      reason = str(name, " not loaded (", why ? why : "not found", ")");
+      return;
+    }
+    bool ok = resolve(cublasLtGetVersion, "cublasLtGetVersion") && resolve(cublasLtCreate, "cublasLtCreate") &&
+              resolve(cublasLtMatmulDescCreate, "cublasLtMatmulDescCreate") &&
+              resolve(cublasLtMatmulDescDestroy, "cublasLtMatmulDescDestroy") &&
+              resolve(cublasLtMatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute") &&
+              resolve(cublasLtMatrixLayoutCreate, "cublasLtMatrixLayoutCreate") &&
+              resolve(cublasLtMatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy") &&
+              resolve(cublasLtMatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate") &&
+              resolve(cublasLtMatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy") &&
+              resolve(cublasLtMatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute") &&
+              resolve(cublasLtMatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic") &&
+              resolve(cublasLtMatmul, "cublasLtMatmul");
+    if (ok) {
+      version = cublasLtGetVersion();  // major * 10000 + minor * 100 + patch
+      if (version / 10000 != CUBLAS_VER_MAJOR) {
+        reason = str(name, " is version ", version, ", opforge was built for major version ", CUBLAS_VER_MAJOR);
+        ok = false;
+      }
+    }
+    if (!ok) {
+      dlclose(handle);
+      handle = nullptr;
+    }
+  }
+};
+
+const Library& library() {
+  static const Library lib;  // loaded once, on first use; never unloaded (torch may share it)
+  return lib;
+}
+
+const char* status_name(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "a cuBLAS error";
+  }
+}
+
+// A layout cuBLAS takes: a column-major stored matrix (rows x cols, leading dimension ld) and
+// whether the product uses its transpose.
+struct Stored {
+  uint64_t rows, cols;
+  int64_t ld;
+  cublasOperation_t op;
+};
+
+// Operand (r, p) for r < count, p < k as cuBLAS's op(M) with shape k x count (`for_b`: our A,
+// cuBLAS's B) or count x k (our B, cuBLAS's A). false when neither stride is 1 or rows overlap.
+bool store(const Operand& x, int64_t count, int64_t k, bool for_b, Stored& s) {
+  int64_t rs = x.row_stride, cs = x.col_stride;
+  if (count == 1) rs = cs == 1 ? k : 1;  // a stride over one element is arbitrary: make it plain
+  if (k == 1) cs = rs == 1 ? count : 1;
+  if (cs == 1 && rs >= k) {  // each r a run of k: column-major k x count
+    s = {uint64_t(k), uint64_t(count), rs, for_b ? CUBLAS_OP_N : CUBLAS_OP_T};
+    return true;
+  }
+  if (rs == 1 && cs >= count) {  // each p a run of count: column-major count x k
+    s = {uint64_t(count), uint64_t(k), cs, for_b ? CUBLAS_OP_T : CUBLAS_OP_N};
+    return true;
+  }
+  return false;
+}
+
+uint32_t alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t low = a & (~a + 1);  // the lowest set bit
+  return low == 0 || low > 256 ? 256u : uint32_t(low);
+}
+
+// Everything cublasLtMatmulAlgoGetHeuristic's answer depends on.
+using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, uint32_t, uint32_t,
+                       uint32_t, uint32_t>;
+
+struct Handles {
+  std::mutex mutex;
+  std::map<int, cublasLtHandle_t> per_device;  // a failed create is kept as nullptr
+  std::map<Key, std::pair<bool, cublasLtMatmulAlgo_t>> algos;
+};
+
+Handles& handles() {
+  static Handles* h = new Handles;  // never destroyed: cuBLASLt may be gone at exit
+  return *h;
+}
+
+template <typename T>
+struct Owned {  // a cuBLASLt descriptor destroyed at scope exit
+  using Destroy = cublasStatus_t (*)(T);
+  explicit Owned(Destroy d) : destroy(d) {}
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
+  T value = nullptr;
+  Destroy destroy;
+  ~Owned() {
+    if (value) destroy(value);
+  }
+};
+
+}  // namespace
+
+std::string status() {
+  const Library& lib = library();
+  if (!lib.handle) return lib.reason;
+  const size_t v = lib.version;
+  std::string s = str("cuBLASLt ", v / 10000, ".", v / 100 % 100, ".", v % 100, " (", lib.name, ")");
+  return enabled.load() ? s : s + ", turned off";
+}
+
+bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const void* bias,
+            bool relu, void* out, DType out_dtype, void* stream) {
+  if (!enabled.load() || m <= 0 || n <= 0 || k <= 0) return false;
+  const Library& lib = library();
+  if (!lib.handle) return false;
+  cudaDataType_t type;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // never the TF32 or 16-bit compute types
+  cudaDataType_t scale = CUDA_R_32F;
+  switch (dtype) {
+    case DType::float32: type = CUDA_R_32F; break;
+    case DType::float16: type = CUDA_R_16F; break;
+    case DType::bfloat16: type = CUDA_R_16BF; break;
+    case DType::float64: type = CUDA_R_64F, compute = CUBLAS_COMPUTE_64F, scale = CUDA_R_64F; break;
+    default: return false;
+  }
+  const bool half = dtype == DType::float16 || dtype == DType::bfloat16;
+  if (out_dtype != dtype && !(half && out_dtype == DType::float32)) return false;
+  const cudaDataType_t out_type = out_dtype == dtype ? type : CUDA_R_32F;
+  // Row-major D [m, n] is column-major D^T [n, m] = B A^T: cuBLAS's A is our B, its B our A^T.
+  Stored sa, sb;
+  if (!store(b, n, k, false, sa) || !store(a, m, k, true, sb)) return false;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const cublasLtEpilogue_t epilogue = bias ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                                           : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
+  const uint32_t align_a = alignment(b.data), align_b = alignment(a.data), align_d = alignment(out);
+  const uint32_t align_bias = bias ? alignment(bias) : 256u;
+  const Key key{device, int(dtype) * 16 + int(out_dtype), m, n, k, sa.ld, sb.ld, int(sa.op), int(sb.op), int(epilogue), align_a, align_b,
+                align_d, align_bias};
+
+  const auto check = [&](cublasStatus_t s, const char* what) {
+    if (s != CUBLAS_STATUS_SUCCESS) fail(ErrorKind::runtime, op, "(): ", what, " failed: ", status_name(s), " (", int(s), ")");
+  };
+  Owned<cublasLtMatmulDesc_t> desc(lib.cublasLtMatmulDescDestroy);
+  check(lib.cublasLtMatmulDescCreate(&desc.value, compute, scale), "cublasLtMatmulDescCreate");
+  const auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* v, size_t size) {
+    check(lib.cublasLtMatmulDescSetAttribute(desc.value, attr, v, size), "cublasLtMatmulDescSetAttribute");
+  };
+  set(CUBLASLT_MATMUL_DESC_TRANSA, &sa.op, sizeof(sa.op));
+  set(CUBLASLT_MATMUL_DESC_TRANSB, &sb.op, sizeof(sb.op));
+  set(CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
+  if (bias) set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+  const auto destroy_layout = lib.cublasLtMatrixLayoutDestroy;
+  Owned<cublasLtMatrixLayout_t> la(destroy_layout), lb(destroy_layout), ld(destroy_layout);
+  check(lib.cublasLtMatrixLayoutCreate(&la.value, type, sa.rows, sa.cols, sa.ld), "cublasLtMatrixLayoutCreate");
+  check(lib.cublasLtMatrixLayoutCreate(&lb.value, type, sb.rows, sb.cols, sb.ld), "cublasLtMatrixLayoutCreate");
+  check(lib.cublasLtMatrixLayoutCreate(&ld.value, out_type, uint64_t(n), uint64_t(m), n), "cublasLtMatrixLayoutCreate");
+
+  cublasLtHandle_t handle = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  {
+    Handles& h = handles();
+    std::lock_guard<std::mutex> lock(h.mutex);
+    auto [it, fresh] = h.per_device.emplace(device, nullptr);
+    if (fresh && lib.cublasLtCreate(&it->second) != CUBLAS_STATUS_SUCCESS) it->second = nullptr;
+    handle = it->second;
+    if (!handle) return false;
+    auto found = h.algos.find(key);
+    if (found == h.algos.end()) {
+      Owned<cublasLtMatmulPreference_t> pref(lib.cublasLtMatmulPreferenceDestroy);
+      check(lib.cublasLtMatmulPreferenceCreate(&pref.value), "cublasLtMatmulPreferenceCreate");
+      // No workspace (so no split-K reductions in scratch memory): the results do not depend on
+      // a buffer shared between streams, and nothing is allocated behind the caller's back.
+      const uint64_t workspace = 0;
+      const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
+      check(lib.cublasLtMatmulPreferenceSetAttribute(pref.value, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                     sizeof(workspace)),
+            "cublasLtMatmulPreferenceSetAttribute");
+      for (const auto& [attr, v] : aligns)
+        check(lib.cublasLtMatmulPreferenceSetAttribute(pref.value, attr, &v, sizeof(v)),
+              "cublasLtMatmulPreferenceSetAttribute");
+      cublasLtMatmulHeuristicResult_t result{};
+      int count = 0;
+      const cublasStatus_t s = lib.cublasLtMatmulAlgoGetHeuristic(handle, desc.value, la.value, lb.value, ld.value,
+                                                                  ld.value, pref.value, 1, &result, &count);
+      const bool usable = s == CUBLAS_STATUS_SUCCESS && count > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+      found = h.algos.emplace(key, std::make_pair(usable, result.algo)).first;
+    }
+    if (!found->second.first) return false;  // cuBLASLt has no algorithm for this case
+    algo = found->second.second;
+  }
+  const float one_f = 1.f, zero_f = 0.f;
+  const double one_d = 1.0, zero_d = 0.0;
+  const bool wide = scale == CUDA_R_64F;
+  const cublasStatus_t s =
+      lib.cublasLtMatmul(handle, desc.value, wide ? static_cast<const void*>(&one_d) : &one_f, b.data, la.value, a.data,
+                         lb.value, wide ? static_cast<const void*>(&zero_d) : &zero_f, out, ld.value, out, ld.value,
+                         &algo, nullptr, 0, static_cast<cudaStream_t>(stream));
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
+    // Refused before launching anything (the heuristic offered the algorithm, the call declined
+    // it): remember, and let the caller run its own kernel.
+    std::lock_guard<std::mutex> lock(handles().mutex);
+    handles().algos[key].first = false;
+    return false;
+  }
+  check(s, "cublasLtMatmul");
+  return true;
+}
+
+#endif  // OPFORGE_WITH_CUBLASLT
+
+}  // namespace opforge::cuda::blaslt
