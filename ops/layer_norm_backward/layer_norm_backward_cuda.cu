@@ -1,8 +1,15 @@
-// layer_norm_backward on CUDA, in three launches on the caller's stream:
-//   rows:    one block per row; the moments as in the forward kernel (mean = base + mu), sums
-//            of g*w and g*w*(x - mean), then grad_x; base, mu and rstd kept
+// layer_norm_backward on CUDA, on the caller's stream. Contiguous aligned rows (cuda/rows.cuh's
+// CachedRow) in two launches:
+//   fused:   one block per fixed chunk of rows; each row of grad and x read once into registers:
+//            the moments as in the forward kernel (mean = base + mu), sums of g*w and
+//            g*w*(x - mean), grad_x stored, and g*xhat and g added to the block's column sums
+//            (registers, like the weight's packs) for grad_weight and grad_bias
+//   combine: thread per column; adds the chunks' sums in chunk order
+// Other layouts in three:
+//   rows:    one block per row; the moments, the sums, then grad_x; base, mu and rstd kept
 //   partial: thread per column per fixed chunk of rows; sums g*xhat and g down the chunk
-//   combine: thread per column; adds the chunk partials in chunk order
+//   combine: as above
+// The fused path reads grad and x once where the three-launch one reads them three times.
 // Chunk count and every summation order depend on the shape only: grad_weight and grad_bias
 // are bitwise repeatable. The per-row moments and the partials live in a stream-ordered
 // workspace.
@@ -15,6 +22,74 @@ namespace opforge::layer_norm_backward_cuda {
 
 constexpr int kThreads = 256;  // a multiple of 32
 constexpr int64_t kMaxChunks = 64;
+constexpr int64_t kFusedChunks = 1024;  // as rms_norm_backward's
+// Threads per block of the fused kernel, at most: its column sums and the weight's packs live in
+// registers beside the two rows, which for the half types (8 elements a pack) needs more than a
+// 512-thread block may have (ptxas spilled); 256 threads, rows of up to 8192 elements, do not.
+template <typename T>
+constexpr int kFusedThreads = sizeof(T) == 2 ? 256 : cuda::kMaxRowThreads;
+
+// Rows [rows * c / chunks, rows * (c + 1) / chunks) for block c; grad_x where gx, this chunk's
+// column sums of g*xhat and g into partial_w / partial_b [c * n ...] where partial_w.
+template <typename T>
+__global__ void __launch_bounds__(kFusedThreads<T>)
+    fused_kernel(T* gx, cuda::Acc<T>* partial_w, cuda::Acc<T>* partial_b, const T* g, const T* x, const T* w,
+                 int64_t rows, int64_t n, int64_t chunks, double eps) {
+  using A = cuda::Acc<T>;
+  using Row = cuda::CachedRow<T>;
+  constexpr int kSize = cuda::Pack<T>::kSize;
+  const int64_t c = blockIdx.x;
+  A acc_w[cuda::kRowPacks][kSize] = {}, acc_b[cuda::kRowPacks][kSize] = {};
+  const Row wr(w, n);
+  for (int64_t r = rows * c / chunks; r < rows * (c + 1) / chunks; ++r) {
+    const Row xr(x + r * n, n), gr(g + r * n, n);
+    const A shift = cuda::load(x + r * n);
+    A sum = 0;
+    xr.each_zip([&](int, int, A xv) { sum += xv - shift; });
+    const A approx = cuda::block_sum(sum) / A(n);
+    const A base = shift + approx;  // TwoSum: base + mu == shift + approx exactly
+    const A back = base - shift;
+    A mu = (shift - (base - back)) + (approx - back);
+    A ss = 0, d_sum = 0, gw_sum = 0, dot = 0;
+    xr.each_zip([&](int, int, A xv, A gv, A wv) {
+      const A d = (xv - base) - mu;
+      ss += d * d;
+      d_sum += d;
+      if (gx) {
+        gw_sum += gv * wv;
+        dot += gv * wv * d;
+      }
+    }, gr, wr);
+    ss = cuda::block_sum(ss);
+    const A correction = cuda::block_sum(d_sum) / A(n);
+    if (gx) {
+      gw_sum = cuda::block_sum(gw_sum);
+      dot = cuda::block_sum(dot) - correction * gw_sum;
+    }
+    mu += correction;
+    const A var = fmax(ss / A(n) - correction * correction, A(0));
+    const A rstd = A(1) / sqrt(var + A(eps));
+    if (gx) {
+      const A coef = rstd * dot / A(n), offset = -rstd * gw_sum / A(n);
+      gr.store_zip(gx + r * n, [&](int, int, A gv, A xv, A wv) {
+        return rstd * (gv * wv - ((xv - base) - mu) * rstd * coef) + offset;
+      }, xr, wr);
+    }
+    if (partial_w)
+      gr.each_zip([&](int k, int e, A gv, A xv) {
+        acc_w[k][e] += gv * (((xv - base) - mu) * rstd);
+        acc_b[k][e] += gv;
+      }, xr);
+  }
+  if (partial_w)
+    wr.for_packs([&](int k, int64_t j) {
+#pragma unroll
+      for (int e = 0; e < kSize; ++e) {
+        partial_w[c * n + j * kSize + e] = acc_w[k][e];
+        partial_b[c * n + j * kSize + e] = acc_b[k][e];
+      }
+    });
+}
 
 template <typename T>
 __global__ void rows_kernel(T* gx, cuda::Acc<T>* moments, const T* g, cuda::Indexer g_rows, int64_t g_step,
@@ -132,6 +207,26 @@ void run(const KernelCall& call) {
     } else {
       using A = cuda::Acc<T>;
       A* workspace = nullptr;
+      const int threads = cuda::cached_row_threads(x, g, sizeof(T), {&w});
+      if (threads && threads <= kFusedThreads<T>) {
+        const int64_t fused_chunks = rows < kFusedChunks ? rows : kFusedChunks;
+        const bool sums = gw.numel() || gb.numel();
+        if (sums)
+          cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), sizeof(A) * 2 * fused_chunks * n,
+                                               stream),
+                           "cudaMallocAsync");
+        fused_kernel<T><<<unsigned(fused_chunks), threads, 0, stream>>>(
+            gx.numel() ? gx.data_as<T>() : nullptr, workspace, sums ? workspace + fused_chunks * n : nullptr,
+            g.data_as<const T>(), x.data_as<const T>(), w.data_as<const T>(), rows, n, fused_chunks,
+            call.attr_float("eps"));
+        if (sums) {
+          combine_kernel<T><<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(
+              gw.numel() ? gw.data_as<T>() : nullptr, gb.numel() ? gb.data_as<T>() : nullptr, workspace,
+              workspace + fused_chunks * n, n, fused_chunks);
+          cuda::check_cuda(op, cudaFreeAsync(workspace, stream), "cudaFreeAsync");
+        }
+        return cuda::check_launch(op);
+      }
       const size_t bytes = sizeof(A) * (3 * rows + 2 * chunks * n);
       cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), bytes, stream), "cudaMallocAsync");
       A* moments = workspace;

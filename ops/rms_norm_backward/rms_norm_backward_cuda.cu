@@ -1,18 +1,65 @@
-// rms_norm_backward on CUDA, in three launches on the caller's stream:
+// rms_norm_backward on CUDA, on the caller's stream. Contiguous aligned rows (cuda/rows.cuh's
+// CachedRow) in two launches:
+//   fused:   one block per fixed chunk of rows; each row of grad and x read once into registers:
+//            block sums of x^2 and g*w*x, grad_x stored, and g*x*inv added to the block's
+//            column sums (registers, like the weight's packs) for grad_weight
+//   combine: thread per column; adds the chunks' sums in chunk order
+// Other layouts in three:
 //   rows:    one block per row; block sums of x^2 and g*w*x, then grad_x, and inv kept
 //   partial: thread per column per fixed chunk of rows; sums g*x*inv down the chunk
-//   combine: thread per column; adds the chunk partials in chunk order
+//   combine: as above
+// The fused path reads grad and x once where the three-launch one reads them three times.
 // Chunk count and every summation order depend on the shape only: grad_weight is bitwise
 // repeatable. inv and the partials live in a stream-ordered workspace.
 #include <cmath>
 
-#include "opforge/cuda/common.cuh"
+#include "opforge/cuda/rows.cuh"
 #include "opforge/registry.h"
 
 namespace opforge::rms_norm_backward_cuda {
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxChunks = 64;
+// The fused kernel's chunks: enough blocks to fill a GPU several times over; the partials
+// (chunks x n sums) stay a few percent of the traffic at the sizes where bandwidth matters.
+constexpr int64_t kFusedChunks = 1024;
+// Threads per block of the fused kernel, at most: its column sums and the weight's packs live in
+// registers beside the two rows, which for the half types (8 elements a pack) needs more than a
+// 512-thread block may have (ptxas spilled); 256 threads, rows of up to 8192 elements, do not.
+template <typename T>
+constexpr int kFusedThreads = sizeof(T) == 2 ? 256 : cuda::kMaxRowThreads;
+
+// Rows [rows * c / chunks, rows * (c + 1) / chunks) for block c; grad_x where gx, this chunk's
+// grad_weight column sums into partial[c * n ...] where partial.
+template <typename T>
+__global__ void __launch_bounds__(kFusedThreads<T>)
+    fused_kernel(T* gx, cuda::Acc<T>* partial, const T* g, const T* x, const T* w, int64_t rows, int64_t n,
+                 int64_t chunks, double eps) {
+  using A = cuda::Acc<T>;
+  using Row = cuda::CachedRow<T>;
+  const int64_t c = blockIdx.x;
+  A acc[cuda::kRowPacks][cuda::Pack<T>::kSize] = {};
+  const Row wr(w, n);
+  for (int64_t r = rows * c / chunks; r < rows * (c + 1) / chunks; ++r) {
+    const Row xr(x + r * n, n), gr(g + r * n, n);
+    A ss = 0, dot = 0;
+    xr.each_zip([&](int, int, A xv, A gv, A wv) {
+      ss += xv * xv;
+      if (gx) dot += gv * wv * xv;  // grad_x's only
+    }, gr, wr);
+    const A inv = A(1) / sqrt(cuda::block_sum(ss) / A(n) + A(eps));
+    if (gx) {
+      const A coef = inv * inv * (cuda::block_sum(dot) / A(n));
+      gr.store_zip(gx + r * n, [&](int, int, A gv, A xv, A wv) { return inv * (gv * wv - xv * coef); }, xr, wr);
+    }
+    if (partial) gr.each_zip([&](int k, int e, A gv, A xv) { acc[k][e] += gv * xv * inv; }, xr);
+  }
+  if (partial)
+    wr.for_packs([&](int k, int64_t j) {
+#pragma unroll
+      for (int e = 0; e < cuda::Pack<T>::kSize; ++e) partial[c * n + j * cuda::Pack<T>::kSize + e] = acc[k][e];
+    });
+}
 
 template <typename T>
 __global__ void rows_kernel(T* gx, cuda::Acc<T>* inv_out, const T* g, cuda::Indexer g_rows, int64_t g_step,
@@ -104,6 +151,22 @@ void run(const KernelCall& call) {
     } else {
       using A = cuda::Acc<T>;
       A* workspace = nullptr;
+      const int threads = cuda::cached_row_threads(x, g, sizeof(T), {&w});
+      if (threads && threads <= kFusedThreads<T>) {
+        const int64_t fused_chunks = rows < kFusedChunks ? rows : kFusedChunks;
+        if (gw.numel())
+          cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), sizeof(A) * fused_chunks * n, stream),
+                           "cudaMallocAsync");
+        fused_kernel<T><<<unsigned(fused_chunks), threads, 0, stream>>>(
+            gx.numel() ? gx.data_as<T>() : nullptr, workspace, g.data_as<const T>(), x.data_as<const T>(),
+            w.data_as<const T>(), rows, n, fused_chunks, call.attr_float("eps"));
+        if (gw.numel()) {
+          combine_kernel<T><<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(gw.data_as<T>(), workspace, n,
+                                                                                   fused_chunks);
+          cuda::check_cuda(op, cudaFreeAsync(workspace, stream), "cudaFreeAsync");
+        }
+        return cuda::check_launch(op);
+      }
       const size_t bytes = sizeof(A) * (rows + chunks * n);
       cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), bytes, stream), "cudaMallocAsync");
       A* inv = workspace;

@@ -30,14 +30,29 @@ __global__ void start_kernel(int64_t* start, const Key* sorted, int64_t n, int64
   }
 }
 
+// Source rows a thread loads ahead of its adds. Few outputs with long buckets (16 buckets of
+// 1024 rows each in the benchmark: 65536 threads) left one load in flight per thread, ~30% of
+// the H200's bandwidth; the adds stay one after another in bucket order (the CPU's bits).
+constexpr int kAhead = 8;
+
 template <typename T>
 __global__ void sum_kernel(T* out, const T* src, scatter_cuda::SliceIndexers s, const int64_t* start, const int64_t* order,
                            int64_t dim_size, int64_t total) {
+  using A = cuda::Acc<T>;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t k = e % s.inner_size, j = (e / s.inner_size) % dim_size, o = e / (s.inner_size * dim_size);
     const T* base = src + s.outer.offset(o) + s.inner.offset(k);
-    cuda::Acc<T> acc = 0;
-    for (int64_t p = start[j]; p < start[j + 1]; ++p) acc += cuda::load(base + order[p] * s.step);
+    A acc = 0;
+    int64_t p = start[j];
+    const int64_t end = start[j + 1];
+    for (; p + kAhead <= end; p += kAhead) {
+      A v[kAhead];
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) v[u] = cuda::load(base + order[p + u] * s.step);
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) acc += v[u];
+    }
+    for (; p < end; ++p) acc += cuda::load(base + order[p] * s.step);
     cuda::store(out + e, acc);
   }
 }

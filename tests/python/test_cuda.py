@@ -575,6 +575,53 @@ def test_linear_act_backward_libraries_and_layouts(dtype, act, saved, matmul_lib
             torch.testing.assert_close(g.cpu().double(), wnt, rtol=rtol, atol=atol * 8, msg=f"{name}: result {i}")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("rows, n", [(1, 64), (37, 4096), (1025, 64), (2500, 8), (3, 8192 + 8)], ids=str)
+def test_norm_backward_fused_chunks(rows, n, dtype, rng):
+    """The norms' backward ops where rows are read once (a block per chunk of rows, its column
+    sums in registers, cuda/rows.cuh): fewer rows than the 1024 chunks (a row a block) and more
+    (several), the longest rows a block takes in each dtype and one past (8192 + 8: the half
+    types' three-launch path); against float64 autograd, and every output mask bit for bit equal
+    to the full call."""
+    t = getattr(torch, dtype)
+    x, g = (torch.from_numpy(rng.standard_normal((rows, n))).to(t).to(DEVICE) for _ in range(2))
+    w, b = (torch.from_numpy(rng.standard_normal(n)).to(t).to(DEVICE) for _ in range(2))
+    xd, wd, bd = (v.cpu().double().requires_grad_() for v in (x, w, b))
+    rtol, atol = TOLERANCES[dtype]
+    rtol = max(rtol, {"float16": 2.0**-10, "bfloat16": 2.0**-7}.get(dtype, 0.0))
+    atol += 64 * COMPUTE_EPS[dtype] * max(rows, n) ** 0.5
+    cases = [("rms_norm_backward", (g, x, w), {"eps": 1e-6},
+              xd * torch.rsqrt(xd.square().mean(-1, keepdim=True) + 1e-6) * wd, (xd, wd)),
+             ("layer_norm_backward", (g, x, w), {"eps": 1e-5},
+              torch.nn.functional.layer_norm(xd, (n,), wd, bd, 1e-5), (xd, wd, bd))]
+    for name, args, attrs, y, leaves in cases:
+        op = getattr(torch.ops.opforge, name)
+        full = op(*args, **attrs)
+        want = torch.autograd.grad(y, leaves, g.cpu().double())
+        for i, (got, wnt) in enumerate(zip(full, want)):
+            torch.testing.assert_close(got.cpu().double(), wnt, rtol=rtol, atol=atol, msg=f"{name} result {i}")
+        for mask in range(1, (1 << len(full)) - 1):
+            for i, (m, f) in enumerate(zip(op(*args, **attrs, output_mask=mask), full)):
+                assert torch.equal(m, f) if mask >> i & 1 else m.numel() == 0, (name, mask, i)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_scatter_add_long_buckets(dtype, rng):
+    """Buckets longer than the rows a thread loads ahead (8) and not a multiple of them, an empty
+    one, along dim 0 and dim 1 of a strided view: the CPU's bits in float32 and float64 (the
+    same order of adds), within tolerance in bfloat16."""
+    t = getattr(torch, dtype)
+    src = torch.from_numpy(rng.standard_normal((1000, 2 * 37))).to(t)
+    index = torch.from_numpy(rng.integers(0, 3, 1000))  # bucket 3 of 4 stays empty
+    for view, idx, dim in ((src[:, ::2], index, 0), (src[:74].T[::2], index[:74], 1)):
+        want = opforge.torch.scatter_add(view, idx, 4, dim)
+        got = opforge.torch.scatter_add(view.to(DEVICE), idx.to(DEVICE), 4, dim).cpu()
+        if dtype == "bfloat16":
+            torch.testing.assert_close(got, want, rtol=2.0**-7, atol=1e-2)
+        else:
+            assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("dtype", ["int32", "int64"])
 def test_integer_ops_wrap(dtype):
     """Integer add, mul and add_one wrap around as torch's do (two's complement), on the packed

@@ -114,6 +114,28 @@ struct CachedRow {
   template <class F> __device__ void store_with(T* out, const CachedRow& other, F f) const {
     for_packs([&](int k, int64_t j) { put(out, j, [&](int e) { return f(value(k, e), other.value(k, e)); }); });
   }
+  // f(k, e, x[i], others[i]...) over this thread's elements (element e of its pack k) of cached
+  // rows of one length; k and e are constants once unrolled, so per-element state indexed by
+  // them (column sums kept across rows) stays in registers.
+  template <class F, class... Rows> __device__ __forceinline__ void each_zip(F f, const Rows&... others) const {
+    for_packs([&](int k, int64_t) {
+#pragma unroll
+      for (int e = 0; e < P::kSize; ++e) f(k, e, value(k, e), others.value(k, e)...);
+    });
+  }
+  // out[i] = f(k, e, x[i], others[i]...), out contiguous and 16-byte aligned.
+  template <class F, class... Rows> __device__ __forceinline__ void store_zip(T* out, F f, const Rows&... others) const {
+    for_packs([&](int k, int64_t j) { put(out, j, [&](int e) { return f(k, e, value(k, e), others.value(k, e)...); }); });
+  }
+  // body(k, j) for this thread's packs: its k-th, the row's j-th (k a constant once unrolled, so
+  // the packs stay in registers).
+  template <class B> __device__ __forceinline__ void for_packs(B body) const {
+#pragma unroll
+    for (int k = 0; k < kRowPacks; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (j < count) body(k, j);
+    }
+  }
   // out[i] = f(x[i], c) with c[q] = column operand q at i, the operands read in packs too.
   template <int E, class F> __device__ void store(T* out, const Columns<T, E>& cols, F f) const {
     for_packs([&](int k, int64_t j) {
@@ -131,15 +153,6 @@ struct CachedRow {
 
  private:
   __device__ __forceinline__ Acc<T> value(int k, int e) const { return static_cast<Acc<T>>(packs[k].v[e]); }
-  // body(k, j) for this thread's packs: its k-th, the row's j-th (k a constant once unrolled, so
-  // the packs stay in registers).
-  template <class B> __device__ __forceinline__ void for_packs(B body) const {
-#pragma unroll
-    for (int k = 0; k < kRowPacks; ++k) {
-      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
-      if (j < count) body(k, j);
-    }
-  }
   // out's pack j: element e is value(e), rounded to T.
   template <class V> __device__ __forceinline__ static void put(T* out, int64_t j, V value) {
     P o;
