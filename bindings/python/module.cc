@@ -197,9 +197,14 @@ NB_MODULE(_core, m) {
   m.def("cublaslt_status", &cuda::blaslt::status, "Whether linear_act on CUDA uses cuBLASLt, and why not.");
   m.def("set_cublaslt", &cuda::blaslt::set_enabled, nb::arg("enabled"),
         "Turn cuBLASLt on or off for this process (tests, benchmarks); returns the previous setting.");
+  m.def("cublaslt_calls", [] {
+    const cuda::blaslt::Calls c = cuda::blaslt::calls();
+    return std::make_tuple(c.taken, c.declined);
+  }, "(products run through cuBLASLt, products it declined) since the process started.");
 #else
   m.def("cublaslt_status", [] { return std::string("not built in (a CPU-only build)"); });
   m.def("set_cublaslt", [](bool) { return false; }, nb::arg("enabled"));
+  m.def("cublaslt_calls", [] { return std::make_tuple(int64_t{0}, int64_t{0}); });
 #endif
 #ifdef OPFORGE_WITH_JAX
   register_jax_bindings(m);

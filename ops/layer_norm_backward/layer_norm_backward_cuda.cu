@@ -29,6 +29,29 @@ constexpr int64_t kFusedChunks = 1024;  // as rms_norm_backward's
 template <typename T>
 constexpr int kFusedThreads = sizeof(T) == 2 ? 256 : cuda::kMaxRowThreads;
 
+template <typename A>
+struct RowMoments {
+  A mu, rstd, coef, offset;  // mean = base + mu; grad_x = rstd * (g*w - xhat * coef) + offset
+};
+
+// A row's moments and grad_x's coefficients from every thread's partial sums (ss and d_sum of
+// d = (x - base) - mu; gw_sum and dot of g*w and g*w*d, with_gx only), the same in every thread:
+// one definition for both kernels, so a masked call (no grad_x) computes the moments exactly as
+// the full call does.
+template <typename A>
+__device__ __forceinline__ RowMoments<A> row_moments(A ss, A d_sum, A gw_sum, A dot, A mu, int64_t n, double eps,
+                                                     bool with_gx) {
+  ss = cuda::block_sum(ss);
+  const A correction = cuda::block_sum(d_sum) / A(n);
+  if (with_gx) {
+    gw_sum = cuda::block_sum(gw_sum);
+    dot = cuda::block_sum(dot) - correction * gw_sum;
+  }
+  const A var = fmax(ss / A(n) - correction * correction, A(0));
+  const A rstd = A(1) / sqrt(var + A(eps));
+  return {mu + correction, rstd, rstd * dot / A(n), -rstd * gw_sum / A(n)};
+}
+
 // Rows [rows * c / chunks, rows * (c + 1) / chunks) for block c; grad_x where gx, this chunk's
 // column sums of g*xhat and g into partial_w / partial_b [c * n ...] where partial_w.
 template <typename T>
@@ -60,21 +83,13 @@ __global__ void __launch_bounds__(kFusedThreads<T>)
         dot += gv * wv * d;
       }
     }, gr, wr);
-    ss = cuda::block_sum(ss);
-    const A correction = cuda::block_sum(d_sum) / A(n);
-    if (gx) {
-      gw_sum = cuda::block_sum(gw_sum);
-      dot = cuda::block_sum(dot) - correction * gw_sum;
-    }
-    mu += correction;
-    const A var = fmax(ss / A(n) - correction * correction, A(0));
-    const A rstd = A(1) / sqrt(var + A(eps));
-    if (gx) {
-      const A coef = rstd * dot / A(n), offset = -rstd * gw_sum / A(n);
+    const RowMoments<A> m = row_moments(ss, d_sum, gw_sum, dot, mu, n, eps, gx != nullptr);
+    mu = m.mu;
+    const A rstd = m.rstd;
+    if (gx)
       gr.store_zip(gx + r * n, [&](int, int, A gv, A xv, A wv) {
-        return rstd * (gv * wv - ((xv - base) - mu) * rstd * coef) + offset;
+        return rstd * (gv * wv - ((xv - base) - mu) * rstd * m.coef) + m.offset;
       }, xr, wr);
-    }
     if (partial_w)
       gr.each_zip([&](int k, int e, A gv, A xv) {
         acc_w[k][e] += gv * (((xv - base) - mu) * rstd);
@@ -119,16 +134,9 @@ __global__ void rows_kernel(T* gx, cuda::Acc<T>* moments, const T* g, cuda::Inde
         dot += gw * d;
       }
     }
-    ss = cuda::block_sum(ss);
-    const A correction = cuda::block_sum(c) / A(n);
-    if (gx) {
-      gw_sum = cuda::block_sum(gw_sum);
-      dot = cuda::block_sum(dot) - correction * gw_sum;
-    }
-    mu += correction;
-    const A var = fmax(ss / A(n) - correction * correction, A(0));
-    const A rstd = A(1) / sqrt(var + A(eps));
-    const A coef = rstd * dot / A(n), offset = -rstd * gw_sum / A(n);
+    const RowMoments<A> m = row_moments(ss, c, gw_sum, dot, mu, n, eps, gx != nullptr);
+    mu = m.mu;
+    const A rstd = m.rstd, coef = m.coef, offset = m.offset;
     if (threadIdx.x == 0) {
       moments[3 * r] = base;
       moments[3 * r + 1] = mu;

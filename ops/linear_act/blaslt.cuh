@@ -1,6 +1,7 @@
 // linear_act's forward through cuBLASLt (opforge/cuda/blaslt.h) where it takes the case. With
-// act 'none' or 'relu' and no saved pre-activation, cuBLASLt's epilogue adds the bias and applies
-// relu. Otherwise cuBLASLt writes the product in the accumulation type (float for the half types:
+// act 'none' or 'relu' and no saved pre-activation, cuBLASLt's epilogue adds the bias (relu then
+// in place: rounding commutes with it, and cuBLASLt's relu epilogue would turn NaN into 0).
+// Otherwise cuBLASLt writes the product in the accumulation type (float for the half types:
 // into a workspace; in place for float32 and float64) and one elementwise pass adds the bias,
 // stores the pre-activation and applies the activation, each result rounded once, as opforge's
 // own kernels' epilogue does (rounding the sum to a half type before gelu would lose a bit).
@@ -43,20 +44,31 @@ bool forward_blaslt(const char* op, const std::string& act_name, Act act, const 
   if (bias && bias->stride(0) != 1 && n > 1) return false;
   const cuda::blaslt::Operand xa{x.data, x_rows.rank == 1 ? x_rows.strides[0] : k, x.stride(-1)};
   const cuda::blaslt::Operand wb{w.data, w.stride(0), w.stride(1)};
-  const void* b = bias ? bias->data : nullptr;
-  if ((act_name == "none" || act_name == "relu") && !preact)  // all in cuBLASLt's epilogue
-    return cuda::blaslt::matmul(op, x.dtype, m, n, k, xa, wb, b, act_name == "relu", out, x.dtype, stream);
+  const bool epilogue_bias = !bias || cuda::aligned16(bias->data);  // blaslt::matmul's terms for a bias
+  if ((act_name == "none" || act_name == "relu") && !preact && epilogue_bias) {
+    if (!cuda::blaslt::matmul(op, x.dtype, m, n, k, xa, wb, bias ? bias->data : nullptr, out, x.dtype, stream))
+      return false;
+    if (act_name == "relu") {
+      cuda::launch_map_contiguous<T, 1>(out, {{out}}, m * n, act, stream);  // in place
+      cuda::check_launch(op);
+    }
+    return true;
+  }
 
   constexpr bool same = std::is_same_v<A, T>;
   const DType acc_dtype = same ? x.dtype : DType::float32;
   A* z = nullptr;
-  if constexpr (same) z = preact ? preact : out;
-  else cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&z), sizeof(A) * m * n, stream), "cudaMallocAsync");
+  if constexpr (same) {
+    z = preact ? preact : out;
+  } else if (cudaMallocAsync(reinterpret_cast<void**>(&z), sizeof(A) * m * n, stream) != cudaSuccess) {
+    cudaGetLastError();  // out of memory for the workspace: opforge's own kernel needs none
+    return false;
+  }
   const auto release = [&] {
     if constexpr (!same) cudaFreeAsync(z, stream);
   };
   try {
-    if (!cuda::blaslt::matmul(op, x.dtype, m, n, k, xa, wb, nullptr, false, z, acc_dtype, stream)) {
+    if (!cuda::blaslt::matmul(op, x.dtype, m, n, k, xa, wb, nullptr, z, acc_dtype, stream)) {
       release();
       return false;
     }

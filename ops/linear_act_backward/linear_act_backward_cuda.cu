@@ -1,9 +1,11 @@
-// linear_act_backward on CUDA: g = grad * act'(z) into a float workspace, then the tiled product
-// of ops/linear_act/gemm.cuh twice: grad_x = g @ weight and grad_weight = g^T @ x (cuBLASLt's
-// products instead for float32 and float64, where it loads and takes the layout). z is preact
-// (saved by linear_act_with_preact: g is one elementwise kernel) or, without it, recomputed by a
-// third product whose epilogue stores g; act='none' needs no z. grad_bias sums g's columns in an
-// order fixed by the shapes (deterministic).
+// linear_act_backward on CUDA: g = grad * act'(z) into a workspace in the accumulation type
+// (float for the half types), then two products: grad_x = g @ weight and grad_weight = g^T @ x.
+// z is preact (saved by linear_act_with_preact: g is one elementwise kernel) or, without it,
+// recomputed by a third product; act='none' needs no z. The products run through cuBLASLt where
+// it loads and takes the layout (a half type's float g as two T parts, hi + lo, so g keeps
+// about float's precision where rounding it to T would not), else the tiled kernel of
+// ops/linear_act/gemm.cuh (the recomputing one forms g in its epilogue). grad_bias sums g's
+// columns in an order fixed by the shapes (deterministic).
 #include <type_traits>
 
 #include "opforge/cuda/blaslt.h"
@@ -30,16 +32,49 @@ struct GradAct {
   }
 };
 
-// g[a, b] = grad[a, b] * act'(preact[a, b]); rows through each operand's Indexer.
-template <typename T, class ActGrad>
+// g[a, b] = grad[a, b] * act'(z[a, b] + bias[b]) (bias may be nullptr); rows through each
+// operand's Indexer. z is the saved preact (T) or cuBLASLt's product in g's own buffer (Z = the
+// accumulation type: each element read before it is written, by one thread).
+template <typename T, typename Z, class ActGrad>
 __global__ void grad_from_preact(cuda::Acc<T>* g, int64_t m, int64_t n, const T* grad, cuda::Indexer grad_rows,
-                                 int64_t grad_stride, const T* preact, cuda::Indexer preact_rows,
-                                 int64_t preact_stride, ActGrad act_grad) {
+                                 int64_t grad_stride, const Z* z, cuda::Indexer z_rows, int64_t z_stride,
+                                 const T* bias, int64_t bias_stride, ActGrad act_grad) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < m * n; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t a = e / n, b = e % n;
-    g[e] = act_grad(cuda::load(grad + grad_rows.offset(a) + b * grad_stride),
-                    cuda::load(preact + preact_rows.offset(a) + b * preact_stride));
+    cuda::Acc<T> v = cuda::load(z + z_rows.offset(a) + b * z_stride);
+    if (bias) v += cuda::load(bias + b * bias_stride);
+    g[e] = act_grad(cuda::load(grad + grad_rows.offset(a) + b * grad_stride), v);
   }
+}
+
+// hi[e] + lo[e] == g[e] to about twice T's precision (hi = g rounded to T, lo = the rest rounded):
+// cuBLASLt's products take operands of one type, so a half type's float g goes in as two.
+template <typename T>
+__global__ void split_kernel(T* hi, T* lo, const float* g, int64_t total) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const T h = static_cast<T>(g[e]);
+    hi[e] = h;
+    lo[e] = static_cast<T>(g[e] - static_cast<float>(h));
+  }
+}
+
+// out [rows, cols] = sum_p G(r, p) B(c, p) through cuBLASLt, G one of g's two views (g_view's
+// strides): g itself where it has T's type; for a half type lo's product first, then hi's added
+// to it (beta = 1, the float sum rounded once to T, as the tiled kernel rounds it). false where
+// cuBLASLt declines; the caller's tiled kernel then writes all of out.
+template <typename T>
+bool product_by_blaslt(const char* op, DType dtype, int64_t rows, int64_t cols, int64_t depth, const void* g,
+                       const T* hi, const T* lo, cuda::blaslt::Operand g_view, cuda::blaslt::Operand b, void* out,
+                       cudaStream_t stream) {
+  if (std::is_same_v<cuda::Acc<T>, T>) {
+    g_view.data = g;
+    return cuda::blaslt::matmul(op, dtype, rows, cols, depth, g_view, b, nullptr, out, dtype, stream);
+  }
+  cuda::blaslt::Operand lo_view = g_view, hi_view = g_view;
+  lo_view.data = lo;
+  hi_view.data = hi;
+  return cuda::blaslt::matmul(op, dtype, rows, cols, depth, lo_view, b, nullptr, out, dtype, stream) &&
+         cuda::blaslt::matmul(op, dtype, rows, cols, depth, hi_view, b, nullptr, out, dtype, stream, true);
 }
 
 void run(const KernelCall& call) {
@@ -62,16 +97,24 @@ void run(const KernelCall& call) {
   cuda::visit_float(x.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     using A = cuda::Acc<T>;
-    A* g = nullptr;
-    cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&g), sizeof(A) * m * n, stream), "cudaMallocAsync");
+    constexpr bool half = !std::is_same_v<A, T>;
+    // g, then for a half type with cuBLASLt its two parts (hi, lo), in one workspace.
+    const bool by_blaslt = x_rows.rank <= 1;  // x's rows one stride apart: cuBLASLt may take it
+    const int64_t parts = half && by_blaslt ? 2 : 0;
+    char* workspace = nullptr;
+    cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), (sizeof(A) + parts * sizeof(T)) * m * n,
+                                         stream),
+                     "cudaMallocAsync");
+    A* g = reinterpret_cast<A*>(workspace);
+    T* hi = parts ? reinterpret_cast<T*>(g + m * n) : nullptr;
+    T* lo = parts ? hi + m * n : nullptr;
     try {
       const cuda::Indexer x_cols = cuda::make_indexer(op, {k}, {x.stride(-1)});
       const Mat<T> xa{x.data_as<const T>(), x_rows, x_cols};
-      // cuBLASLt where g (in the accumulation type) has x's dtype, and x's rows are one stride
-      // apart (its leading dims merge); it may still decline a layout (then the tiled kernels).
-      const bool by_blaslt = std::is_same_v<A, T> && x_rows.rank <= 1;
       const int64_t x_row_stride = x_rows.rank == 1 ? x_rows.strides[0] : k;
-      const bool bias_packed = bias && (bias->stride(0) == 1 || n == 1);
+      const T* bias_data = bias ? bias->data_as<const T>() : nullptr;
+      const int64_t bias_stride = bias ? bias->stride(0) : 0;
+      const cuda::Indexer g_plain = cuda::make_indexer(op, {m}, {n});
       visit_act(call.attr_str("act"), [&](auto, auto act_grad) {
         // act='none' needs no z (g = grad; IdentityGrad ignores the grad passed as z).
         constexpr bool identity = std::is_same_v<decltype(act_grad), IdentityGrad>;
@@ -80,37 +123,41 @@ void run(const KernelCall& call) {
           const cuda::Indexer z_rows = cuda::make_indexer(op, lead, {z.strides.begin(), z.strides.end() - 1});
           grad_from_preact<T><<<cuda::blocks_for(m * n, 256), 256, 0, stream>>>(
               g, m, n, grad.data_as<const T>(), g_rows, grad.stride(-1), z.data_as<const T>(), z_rows, z.stride(-1),
-              act_grad);
+              static_cast<const T*>(nullptr), 0, act_grad);
           return cuda::check_launch(op);
         }
-        // z = x @ weight^T + bias into g by cuBLASLt (float32, float64: g has x's dtype), then
-        // g = grad * act'(z) in place; else one product whose epilogue forms g.
-        if (by_blaslt && (!bias || bias_packed) &&
-            cuda::blaslt::matmul(op, x.dtype, m, n, k, {x.data, x_row_stride, x.stride(-1)},
-                                 {w.data, w.stride(0), w.stride(1)}, bias ? bias->data : nullptr, false, g, x.dtype,
-                                 stream)) {
+        // z = x @ weight^T by cuBLASLt, in the accumulation type, into g's buffer; then g =
+        // grad * act'(z + bias) in place. Else one tiled product whose epilogue forms g.
+        if (by_blaslt && cuda::blaslt::matmul(op, x.dtype, m, n, k, {x.data, x_row_stride, x.stride(-1)},
+                                              {w.data, w.stride(0), w.stride(1)}, nullptr, g,
+                                              half ? DType::float32 : x.dtype, stream)) {
           grad_from_preact<T><<<cuda::blocks_for(m * n, 256), 256, 0, stream>>>(
-              g, m, n, grad.data_as<const T>(), g_rows, grad.stride(-1), reinterpret_cast<const T*>(g),
-              cuda::make_indexer(op, {m}, {n}), 1, act_grad);
+              g, m, n, grad.data_as<const T>(), g_rows, grad.stride(-1), static_cast<const A*>(g), g_plain, 1,
+              bias_data, bias_stride, act_grad);
           return cuda::check_launch(op);
         }
-        const GradAct<T, decltype(act_grad)> epi{g, n, grad.data_as<const T>(), g_rows, grad.stride(-1),
-                                                 bias ? bias->data_as<const T>() : nullptr, bias ? bias->stride(0) : 0,
-                                                 act_grad};
+        const GradAct<T, decltype(act_grad)> epi{g, n, grad.data_as<const T>(), g_rows, grad.stride(-1), bias_data,
+                                                 bias_stride, act_grad};
         gemm<A>(op, m, n, k, xa, matrix(op, w.data_as<const T>(), n, w.stride(0), k, w.stride(1)), epi, stream);
       });
+      if constexpr (half) {
+        if (parts) {
+          split_kernel<T><<<cuda::blocks_for(m * n, 256), 256, 0, stream>>>(hi, lo, g, m * n);
+          cuda::check_launch(op);
+        }
+      }
       // Only the results asked for (output_mask; the others are empty, k == 0 makes both empty).
       // grad_x[a, b] = sum_p g[a, p] weight[p, b]; grad_weight[a, b] = sum_p g[p, a] x[p, b].
       if (call.output(0).numel() &&
-          !(by_blaslt && cuda::blaslt::matmul(op, x.dtype, m, k, n, {g, n, 1}, {w.data, w.stride(1), w.stride(0)},
-                                              nullptr, false, call.output(0).data, x.dtype, stream))) {
+          !(by_blaslt && product_by_blaslt<T>(op, x.dtype, m, k, n, g, hi, lo, {nullptr, n, 1},
+                                              {w.data, w.stride(1), w.stride(0)}, call.output(0).data, stream))) {
         const BiasAct<T, Identity> gx{call.output(0).data_as<T>(), k, nullptr, 0, Identity{}};
         const Mat<T> w_t = matrix(op, w.data_as<const T>(), k, w.stride(1), n, w.stride(0));
         gemm<A>(op, m, k, n, matrix<A>(op, g, m, n, n, 1), w_t, gx, stream);
       }
       if (call.output(1).numel() &&
-          !(by_blaslt && cuda::blaslt::matmul(op, x.dtype, n, k, m, {g, 1, n}, {x.data, x.stride(-1), x_row_stride},
-                                              nullptr, false, call.output(1).data, x.dtype, stream))) {
+          !(by_blaslt && product_by_blaslt<T>(op, x.dtype, n, k, m, g, hi, lo, {nullptr, 1, n},
+                                              {x.data, x.stride(-1), x_row_stride}, call.output(1).data, stream))) {
         const BiasAct<T, Identity> gw{call.output(1).data_as<T>(), k, nullptr, 0, Identity{}};
         gemm<A>(op, n, k, m, matrix<A>(op, g, n, 1, m, n), Mat<T>{x.data_as<const T>(), x_cols, x_rows}, gw, stream);
       }
@@ -120,10 +167,10 @@ void run(const KernelCall& call) {
         cuda::sum_to_shape(op, call.output(2).data_as<T>(), columns, n, m, /*inner_kept=*/true, stream);
       }
     } catch (...) {  // a failed launch (gemm checks each of its own) must not leak the workspace
-      cudaFreeAsync(g, stream);
+      cudaFreeAsync(workspace, stream);
       throw;
     }
-    cuda::check_cuda(op, cudaFreeAsync(g, stream), "cudaFreeAsync");
+    cuda::check_cuda(op, cudaFreeAsync(workspace, stream), "cudaFreeAsync");
   });
 }
 

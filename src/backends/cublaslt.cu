@@ -24,13 +24,15 @@ namespace opforge::cuda::blaslt {
 
 namespace {
 std::atomic<bool> enabled{true};
+std::atomic<int64_t> taken{0}, declined{0};
 }  // namespace
 
 bool set_enabled(bool on) { return enabled.exchange(on); }
+Calls calls() { return {taken.load(), declined.load()}; }
 
 #if !OPFORGE_WITH_CUBLASLT
 
-bool matmul(const char*, DType, int64_t, int64_t, int64_t, Operand, Operand, const void*, bool, void*, DType, void*) {
+bool matmul(const char*, DType, int64_t, int64_t, int64_t, Operand, Operand, const void*, void*, DType, void*, bool) {
   return false;
 }
 std::string status() { return "not built in (cublasLt.h was not found when opforge was compiled)"; }
@@ -170,6 +172,7 @@ struct Handles {
   std::mutex mutex;
   std::map<int, cublasLtHandle_t> per_device;  // a failed create is kept as nullptr
   std::map<Key, std::pair<bool, cublasLtMatmulAlgo_t>> algos;
+  std::string create_failure;  // the last cublasLtCreate that failed, for status()
 };
 
 Handles& handles() {
@@ -197,12 +200,31 @@ std::string status() {
   if (!lib.handle) return lib.reason;
   const size_t v = lib.version;
   std::string s = str("cuBLASLt ", v / 10000, ".", v / 100 % 100, ".", v % 100, " (", lib.name, ")");
+  {
+    std::lock_guard<std::mutex> lock(handles().mutex);
+    if (!handles().create_failure.empty()) s += ", but " + handles().create_failure;
+  }
   return enabled.load() ? s : s + ", turned off";
 }
 
+namespace {
+bool matmul_or_decline(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b,
+                       const void* bias, void* out, DType out_dtype, void* stream, bool accumulate);
+}  // namespace
+
 bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const void* bias,
-            bool relu, void* out, DType out_dtype, void* stream) {
-  if (!enabled.load() || m <= 0 || n <= 0 || k <= 0) return false;
+            void* out, DType out_dtype, void* stream, bool accumulate) {
+  if (!enabled.load()) return false;
+  const bool ran = matmul_or_decline(op, dtype, m, n, k, a, b, bias, out, out_dtype, stream, accumulate);
+  ++(ran ? taken : declined);
+  return ran;
+}
+
+namespace {
+
+bool matmul_or_decline(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b,
+                       const void* bias, void* out, DType out_dtype, void* stream, bool accumulate) {
+  if (m <= 0 || n <= 0 || k <= 0) return false;
   const Library& lib = library();
   if (!lib.handle) return false;
   cudaDataType_t type;
@@ -217,6 +239,8 @@ bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operan
   }
   const bool half = dtype == DType::float16 || dtype == DType::bfloat16;
   if (out_dtype != dtype && !(half && out_dtype == DType::float32)) return false;
+  // cuBLASLt reads the bias in D's type; older releases failed on unaligned biases.
+  if (bias && (out_dtype != dtype || reinterpret_cast<uintptr_t>(bias) % 16)) return false;
   const cudaDataType_t out_type = out_dtype == dtype ? type : CUDA_R_32F;
   // Row-major D [m, n] is column-major D^T [n, m] = B A^T: cuBLAS's A is our B, its B our A^T.
   Stored sa, sb;
@@ -226,8 +250,9 @@ bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operan
     cudaGetLastError();
     return false;
   }
-  const cublasLtEpilogue_t epilogue = bias ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
-                                           : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
+  // No relu epilogue: it is max(x, 0), which turns NaN into 0 where opforge's relu (and torch's)
+  // keep it; the caller applies relu in its own pass.
+  const cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   const uint32_t align_a = alignment(b.data), align_b = alignment(a.data), align_d = alignment(out);
   const uint32_t align_bias = bias ? alignment(bias) : 256u;
   const Key key{device, int(dtype) * 16 + int(out_dtype), m, n, k, sa.ld, sb.ld, int(sa.op), int(sb.op), int(epilogue), align_a, align_b,
@@ -257,7 +282,13 @@ bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operan
     Handles& h = handles();
     std::lock_guard<std::mutex> lock(h.mutex);
     auto [it, fresh] = h.per_device.emplace(device, nullptr);
-    if (fresh && lib.cublasLtCreate(&it->second) != CUBLAS_STATUS_SUCCESS) it->second = nullptr;
+    if (fresh) {
+      const cublasStatus_t created = lib.cublasLtCreate(&it->second);
+      if (created != CUBLAS_STATUS_SUCCESS) {
+        it->second = nullptr;
+        h.create_failure = str("cublasLtCreate failed on device ", device, " (", status_name(created), ")");
+      }
+    }
     handle = it->second;
     if (!handle) return false;
     auto found = h.algos.find(key);
@@ -288,12 +319,12 @@ bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operan
     if (!found->second.first) return false;  // cuBLASLt has no algorithm for this case
     algo = found->second.second;
   }
-  const float one_f = 1.f, zero_f = 0.f;
-  const double one_d = 1.0, zero_d = 0.0;
+  const float one_f = 1.f, beta_f = accumulate ? 1.f : 0.f;
+  const double one_d = 1.0, beta_d = accumulate ? 1.0 : 0.0;
   const bool wide = scale == CUDA_R_64F;
   const cublasStatus_t s =
       lib.cublasLtMatmul(handle, desc.value, wide ? static_cast<const void*>(&one_d) : &one_f, b.data, la.value, a.data,
-                         lb.value, wide ? static_cast<const void*>(&zero_d) : &zero_f, out, ld.value, out, ld.value,
+                         lb.value, wide ? static_cast<const void*>(&beta_d) : &beta_f, out, ld.value, out, ld.value,
                          &algo, nullptr, 0, static_cast<cudaStream_t>(stream));
   if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
     // Refused before launching anything (the heuristic offered the algorithm, the call declined
@@ -305,6 +336,8 @@ bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operan
   check(s, "cublasLtMatmul");
   return true;
 }
+
+}  // namespace
 
 #endif  // OPFORGE_WITH_CUBLASLT
 

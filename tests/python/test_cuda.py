@@ -461,7 +461,7 @@ def test_cublaslt_is_loaded_beside_torch():
 # The float32 product's tiles (sgemm_nt.cuh: 128 x 128, K in steps of 8, float4 loads) against its
 # edges: M and N one short of, at and one past a tile, K a multiple of 4 but not of 8, one row;
 # and the layouts that take the other kernel (K not a multiple of 4, rows not 16-byte aligned).
-LINEAR_SHAPES = [(1, 4, 1), (127, 36, 129), (128, 8, 128), (129, 260, 255), (300, 64, 17), (64, 30, 70)]
+LINEAR_SHAPES = [(1, 4, 1), (5, 1, 3), (127, 36, 129), (128, 8, 128), (129, 260, 255), (300, 64, 17), (64, 30, 70)]
 
 
 @pytest.mark.parametrize("act", ["none", "gelu"])
@@ -507,7 +507,15 @@ def linear_layouts(rng, t):
     yield "x_3d_unmerged", x3[:, 1:7], w, b
     yield "rows_broadcast", x[:1].expand(m, k), w, b
     yield "bias_strided", x, w, dev(2 * n)[::2]
+    yield "bias_unaligned", x, w, dev(n + 1)[1:]
     yield "no_bias", x, w, None
+
+
+CUBLASLT_LAYOUTS = {"plain", "weight_t", "x_t", "x_3d", "no_bias", "bias_strided", "bias_unaligned"}
+
+
+def cublaslt_loaded():
+    return opforge.info()["cublaslt"].startswith("cuBLASLt ")
 
 
 @pytest.mark.parametrize("preact", [False, True], ids=["linear_act", "with_preact"])
@@ -522,6 +530,7 @@ def test_linear_act_libraries_and_layouts(dtype, act, preact, matmul_library, rn
     atol += 16 * COMPUTE_EPS[dtype] * 70 ** 0.5  # sums of k = 70 terms of size ~1
     for name, x, w, b in linear_layouts(rng, getattr(torch, dtype)):
         want = linear_reference(x.cpu(), w.cpu(), None if b is None else b.cpu(), act)
+        taken = opforge._core.cublaslt_calls()[0]
         if preact:
             got, z = torch.ops.opforge.linear_act_with_preact(x, w, b, act=act)
             want_z = linear_reference(x.cpu(), w.cpu(), None if b is None else b.cpu(), "none")
@@ -530,6 +539,25 @@ def test_linear_act_libraries_and_layouts(dtype, act, preact, matmul_library, rn
             got = opforge.torch.linear_act(x, w, b, act=act)
         assert got.dtype == x.dtype and got.shape == want.shape, name
         torch.testing.assert_close(got.cpu().double(), want, rtol=rtol, atol=atol, msg=name)
+        # The path taken: cuBLASLt for the layouts it reads (where it loads), never when off
+        ran = opforge._core.cublaslt_calls()[0] > taken
+        if matmul_library == "own" or not ON_GPU:
+            assert not ran, name
+        elif cublaslt_loaded() and name in CUBLASLT_LAYOUTS:
+            assert ran, f"{name}: cuBLASLt declined ({opforge._core.cublaslt_calls()} taken, declined)"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_linear_act_keeps_nan(dtype, matmul_library, rng):
+    """A NaN in x makes its row NaN after every activation, relu included (cuBLASLt's relu
+    epilogue, max(x, 0), would make it 0; torch.relu keeps it)."""
+    t = getattr(torch, dtype)
+    x = torch.from_numpy(rng.standard_normal((4, 16))).to(t)
+    x[1, 3] = float("nan")
+    w, b = (torch.from_numpy(rng.standard_normal(s)).to(t) for s in ((8, 16), (8,)))
+    for act in ("none", "relu", "gelu", "silu"):
+        got = opforge.torch.linear_act(x.to(DEVICE), w.to(DEVICE), b.to(DEVICE), act=act).cpu()
+        assert got[1].isnan().all() and not got[[0, 2, 3]].isnan().any(), act
 
 
 # The memory-bound kernels' fast paths against their edges: elementwise ops in 16-byte packs

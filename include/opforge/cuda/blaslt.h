@@ -18,16 +18,24 @@ struct Operand {
   int64_t row_stride, col_stride;
 };
 
-// D = A B^T (+ bias[b]) (then relu), D row-major [m, n] at `out` (contiguous), in `out_dtype`:
-// `dtype` (the operands' and the bias's) or, for the half types, float32 (a product rounded once
-// by the caller's own epilogue). On `stream` (a cudaStream_t) of the current device. Sums in
-// float for float32 (no TF32: torch's default precision) and the half types, in double for
-// float64. Returns false, having launched nothing, when cuBLASLt is not loaded or turned off,
-// when one operand is strided in both dimensions or its rows overlap, or when cuBLASLt has no
-// algorithm for the case; the caller then runs its own kernel. A failure of a call cuBLASLt
-// accepted raises opforge's runtime error naming `op`.
+// D = A B^T (+ bias[b]), D row-major [m, n] at `out` (contiguous), in `out_dtype`: `dtype` (the
+// operands') or, for the half types, float32 (a product the caller rounds once in its own
+// pass). A bias (dtype, packed, 16-byte aligned) only where out_dtype is dtype. On `stream` (a
+// cudaStream_t) of the current device. Sums in float for float32 (no TF32: torch's default
+// precision) and the half types, in double for float64. With accumulate, D = A B^T + D (D read
+// in out_dtype, the sum rounded once). Returns false, having launched nothing, when cuBLASLt is
+// not loaded or turned off, when one operand is strided in both dimensions or its rows overlap,
+// or when cuBLASLt has no algorithm for the case; the caller then runs its own kernel. A failure
+// of a call cuBLASLt accepted raises opforge's runtime error naming `op`.
 bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const void* bias,
-            bool relu, void* out, DType out_dtype, void* stream);
+            void* out, DType out_dtype, void* stream, bool accumulate = false);
+
+// Calls matmul ran through cuBLASLt and calls it declined, since the process started (tests
+// check that a case meant for cuBLASLt reached it).
+struct Calls {
+  int64_t taken, declined;
+};
+Calls calls();
 
 // "cuBLASLt 13.1.0 (libcublasLt.so.13)" when matmul uses it, else why not.
 std::string status();
