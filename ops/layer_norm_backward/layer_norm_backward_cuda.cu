@@ -10,8 +10,8 @@
 //   partial: thread per column per fixed chunk of rows; sums g*xhat and g down the chunk
 //   combine: as above
 // The fused path reads grad and x once where the three-launch one reads them three times.
-// Chunk count and every summation order depend on the shape only: grad_weight and grad_bias
-// are bitwise repeatable. The per-row moments and the partials live in a stream-ordered
+// The path, the chunk count and every summation order depend on the shape and the layout only
+// (not on the device or the run): grad_weight and grad_bias are bitwise repeatable. The per-row moments and the partials live in a stream-ordered
 // workspace.
 #include <cmath>
 
@@ -22,7 +22,6 @@ namespace opforge::layer_norm_backward_cuda {
 
 constexpr int kThreads = 256;  // a multiple of 32
 constexpr int64_t kMaxChunks = 64;
-constexpr int64_t kFusedChunks = 1024;  // as rms_norm_backward's
 // Threads per block of the fused kernel, at most: its column sums and the weight's packs live in
 // registers beside the two rows, which for the half types (8 elements a pack) needs more than a
 // 512-thread block may have (ptxas spilled); 256 threads, rows of up to 8192 elements, do not.
@@ -173,13 +172,8 @@ template <typename T>
 __global__ void combine_kernel(T* gw, T* gb, const cuda::Acc<T>* partial_w, const cuda::Acc<T>* partial_b,
                                int64_t n, int64_t chunks) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    cuda::Acc<T> sw = partial_w[i], sb = partial_b[i];
-    for (int64_t k = 1; k < chunks; ++k) {
-      sw += partial_w[k * n + i];
-      sb += partial_b[k * n + i];
-    }
-    if (gw) cuda::store(gw + i, sw);  // either may not be asked for (nullptr)
-    if (gb) cuda::store(gb + i, sb);
+    if (gw) cuda::store(gw + i, cuda::column_sum(partial_w, i, n, chunks));  // either may not be asked for
+    if (gb) cuda::store(gb + i, cuda::column_sum(partial_b, i, n, chunks));
   }
 }
 
@@ -216,8 +210,8 @@ void run(const KernelCall& call) {
       using A = cuda::Acc<T>;
       A* workspace = nullptr;
       const int threads = cuda::cached_row_threads(x, g, sizeof(T), {&w});
-      if (threads && threads <= kFusedThreads<T>) {
-        const int64_t fused_chunks = rows < kFusedChunks ? rows : kFusedChunks;
+      if (threads && threads <= kFusedThreads<T> && (!gx.numel() || cuda::aligned16(gx.data))) {
+        const int64_t fused_chunks = cuda::row_chunks(rows, threads);
         const bool sums = gw.numel() || gb.numel();
         if (sums)
           cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), sizeof(A) * 2 * fused_chunks * n,

@@ -22,11 +22,11 @@ namespace opforge::linear_act_cuda {
 // results. z may be out or preact itself (each element is read before it is written, by one
 // thread); I is the index type (32 bits when m * n fits).
 template <typename T, typename I, class Act>
-__global__ void __launch_bounds__(256)
-    finish_rows(const cuda::Acc<T>* z, const T* bias, T* out, T* preact, I total, I n, Act act) {
+__global__ void __launch_bounds__(256) finish_rows(const cuda::Acc<T>* z, const T* bias, int64_t bias_stride, T* out,
+                                                   T* preact, I total, I n, Act act) {
   for (I e = blockIdx.x * I(blockDim.x) + threadIdx.x; e < total; e += I(gridDim.x) * blockDim.x) {
     cuda::Acc<T> v = z[e];
-    if (bias) v += cuda::load(bias + e % n);
+    if (bias) v += cuda::load(bias + static_cast<int64_t>(e % n) * bias_stride);
     if (preact) cuda::store(preact + e, v);
     cuda::store(out + e, act(v));
   }
@@ -34,17 +34,17 @@ __global__ void __launch_bounds__(256)
 
 // out = act(x @ weight^T + bias) (and preact = the sum before act) on `stream`; false, with
 // nothing launched, where cuBLASLt is unavailable or declines (x's rows not one stride apart,
-// a strided bias, a layout or dtype it has no algorithm for).
+// rows broadcast, a layout or dtype it has no algorithm for).
 template <typename T, class Act>
 bool forward_blaslt(const char* op, const std::string& act_name, Act act, const TensorView& x,
                     const cuda::Indexer& x_rows, const TensorView& w, const TensorView* bias, T* out, T* preact,
                     int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
   using A = cuda::Acc<T>;
   if (x_rows.rank > 1) return false;  // x's leading dims do not merge into one row stride
-  if (bias && bias->stride(0) != 1 && n > 1) return false;
   const cuda::blaslt::Operand xa{x.data, x_rows.rank == 1 ? x_rows.strides[0] : k, x.stride(-1)};
   const cuda::blaslt::Operand wb{w.data, w.stride(0), w.stride(1)};
-  const bool epilogue_bias = !bias || cuda::aligned16(bias->data);  // blaslt::matmul's terms for a bias
+  // blaslt::matmul's terms for a bias (packed, 16-byte aligned); others go to the finishing pass
+  const bool epilogue_bias = !bias || ((bias->stride(0) == 1 || n == 1) && cuda::aligned16(bias->data));
   if ((act_name == "none" || act_name == "relu") && !preact && epilogue_bias) {
     if (!cuda::blaslt::matmul(op, x.dtype, m, n, k, xa, wb, bias ? bias->data : nullptr, out, x.dtype, stream))
       return false;
@@ -73,12 +73,14 @@ bool forward_blaslt(const char* op, const std::string& act_name, Act act, const 
       return false;
     }
     const T* bias_data = bias ? bias->data_as<const T>() : nullptr;
+    const int64_t bias_stride = bias ? bias->stride(0) : 0;
     const int64_t total = m * n;
     const unsigned blocks = cuda::blocks_for(total, 256);
     if (total < (int64_t(1) << 31))
-      finish_rows<T, uint32_t><<<blocks, 256, 0, stream>>>(z, bias_data, out, preact, uint32_t(total), uint32_t(n), act);
+      finish_rows<T, uint32_t><<<blocks, 256, 0, stream>>>(z, bias_data, bias_stride, out, preact, uint32_t(total),
+                                                            uint32_t(n), act);
     else
-      finish_rows<T, int64_t><<<blocks, 256, 0, stream>>>(z, bias_data, out, preact, total, n, act);
+      finish_rows<T, int64_t><<<blocks, 256, 0, stream>>>(z, bias_data, bias_stride, out, preact, total, n, act);
     cuda::check_launch(op);
   } catch (...) {
     release();

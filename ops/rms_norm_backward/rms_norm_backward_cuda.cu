@@ -9,8 +9,9 @@
 //   partial: thread per column per fixed chunk of rows; sums g*x*inv down the chunk
 //   combine: as above
 // The fused path reads grad and x once where the three-launch one reads them three times.
-// Chunk count and every summation order depend on the shape only: grad_weight is bitwise
-// repeatable. inv and the partials live in a stream-ordered workspace.
+// The path, the chunk count and every summation order depend on the shape and the layout only
+// (not on the device or the run): grad_weight is bitwise repeatable. inv and the partials live
+// in a stream-ordered workspace.
 #include <cmath>
 
 #include "opforge/cuda/rows.cuh"
@@ -20,9 +21,6 @@ namespace opforge::rms_norm_backward_cuda {
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxChunks = 64;
-// The fused kernel's chunks: enough blocks to fill a GPU several times over; the partials
-// (chunks x n sums) stay a few percent of the traffic at the sizes where bandwidth matters.
-constexpr int64_t kFusedChunks = 1024;
 // Threads per block of the fused kernel, at most: its column sums and the weight's packs live in
 // registers beside the two rows, which for the half types (8 elements a pack) needs more than a
 // 512-thread block may have (ptxas spilled); 256 threads, rows of up to 8192 elements, do not.
@@ -115,9 +113,7 @@ __global__ void partial_kernel(cuda::Acc<T>* partial, const cuda::Acc<T>* inv, c
 template <typename T>
 __global__ void combine_kernel(T* gw, const cuda::Acc<T>* partial, int64_t n, int64_t chunks) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    cuda::Acc<T> sum = partial[i];
-    for (int64_t k = 1; k < chunks; ++k) sum += partial[k * n + i];
-    cuda::store(gw + i, sum);
+    cuda::store(gw + i, cuda::column_sum(partial, i, n, chunks));
   }
 }
 
@@ -152,8 +148,8 @@ void run(const KernelCall& call) {
       using A = cuda::Acc<T>;
       A* workspace = nullptr;
       const int threads = cuda::cached_row_threads(x, g, sizeof(T), {&w});
-      if (threads && threads <= kFusedThreads<T>) {
-        const int64_t fused_chunks = rows < kFusedChunks ? rows : kFusedChunks;
+      if (threads && threads <= kFusedThreads<T> && (!gx.numel() || cuda::aligned16(gx.data))) {
+        const int64_t fused_chunks = cuda::row_chunks(rows, threads);
         if (gw.numel())
           cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), sizeof(A) * fused_chunks * n, stream),
                            "cudaMallocAsync");

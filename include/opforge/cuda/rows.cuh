@@ -6,6 +6,7 @@
 // A kernel body written once against row.each / row.store runs on either.
 #pragma once
 
+#include <algorithm>
 #include <initializer_list>
 
 #include "opforge/cuda/common.cuh"
@@ -180,6 +181,34 @@ inline int cached_row_threads(const TensorView& x, const TensorView& out, int el
     if (c && (c->stride(0) != 1 || !aligned16(c->data))) return 0;
   const int64_t threads = ((n / per_pack + kRowPacks - 1) / kRowPacks + 31) / 32 * 32;
   return threads > kMaxRowThreads ? 0 : static_cast<int>(threads < 32 ? 32 : threads);
+}
+
+// Chunks of rows for a kernel that runs a block per chunk and keeps column sums across its rows
+// (the norms' backward): about 64k threads in all, so small blocks get more chunks (more rows in
+// flight), between 256 and 2048, at most one per row. It depends on the shape only, so the
+// column sums' order, and their bits, do too.
+inline int64_t row_chunks(int64_t rows, int threads) {
+  const int64_t wanted = std::clamp<int64_t>(65536 / threads, 256, 2048);
+  return rows < wanted ? rows : wanted;
+}
+
+// partial[0 * n + i] + partial[1 * n + i] + ... + partial[(chunks - 1) * n + i], added in that
+// order, eight loads ahead of the adds (one load in flight per column would take a memory
+// latency per chunk).
+template <typename A>
+__device__ __forceinline__ A column_sum(const A* partial, int64_t i, int64_t n, int64_t chunks) {
+  constexpr int kAhead = 8;
+  A sum = partial[i];
+  int64_t k = 1;
+  for (; k + kAhead <= chunks; k += kAhead) {
+    A v[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) v[u] = partial[(k + u) * n + i];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) sum += v[u];
+  }
+  for (; k < chunks; ++k) sum += partial[k * n + i];
+  return sum;
 }
 
 inline unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16); }
