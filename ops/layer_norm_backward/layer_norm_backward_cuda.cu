@@ -11,8 +11,8 @@
 //   combine: as above
 // The fused path reads grad and x once where the three-launch one reads them three times.
 // The path, the chunk count and every summation order depend on the shape and the layout only
-// (not on the device or the run): grad_weight and grad_bias are bitwise repeatable. The per-row moments and the partials live in a stream-ordered
-// workspace.
+// (not on the device or the run): grad_weight and grad_bias are bitwise repeatable. The
+// per-row moments and the partials live in a stream-ordered workspace.
 #include <cmath>
 
 #include "opforge/cuda/rows.cuh"

@@ -151,7 +151,8 @@ void run(const KernelCall& call) {
       if (threads && threads <= kFusedThreads<T> && (!gx.numel() || cuda::aligned16(gx.data))) {
         const int64_t fused_chunks = cuda::row_chunks(rows, threads);
         if (gw.numel())
-          cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), sizeof(A) * fused_chunks * n, stream),
+          cuda::check_cuda(op,
+                           cudaMallocAsync(reinterpret_cast<void**>(&workspace), sizeof(A) * fused_chunks * n, stream),
                            "cudaMallocAsync");
         fused_kernel<T><<<unsigned(fused_chunks), threads, 0, stream>>>(
             gx.numel() ? gx.data_as<T>() : nullptr, workspace, g.data_as<const T>(), x.data_as<const T>(),

@@ -208,19 +208,6 @@ std::string status() {
 }
 
 namespace {
-bool matmul_or_decline(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b,
-                       const void* bias, void* out, DType out_dtype, void* stream, bool accumulate);
-}  // namespace
-
-bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const void* bias,
-            void* out, DType out_dtype, void* stream, bool accumulate) {
-  if (!enabled.load()) return false;
-  const bool ran = matmul_or_decline(op, dtype, m, n, k, a, b, bias, out, out_dtype, stream, accumulate);
-  ++(ran ? taken : declined);
-  return ran;
-}
-
-namespace {
 
 bool matmul_or_decline(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b,
                        const void* bias, void* out, DType out_dtype, void* stream, bool accumulate) {
@@ -239,7 +226,8 @@ bool matmul_or_decline(const char* op, DType dtype, int64_t m, int64_t n, int64_
   }
   const bool half = dtype == DType::float16 || dtype == DType::bfloat16;
   if (out_dtype != dtype && !(half && out_dtype == DType::float32)) return false;
-  // cuBLASLt reads the bias in D's type; older releases failed on unaligned biases.
+  // cuBLASLt reads the bias in D's type; failures on unaligned biases were reported for older
+  // releases, and the callers' own pass adds any bias just as well.
   if (bias && (out_dtype != dtype || reinterpret_cast<uintptr_t>(bias) % 16)) return false;
   const cudaDataType_t out_type = out_dtype == dtype ? type : CUDA_R_32F;
   // Row-major D [m, n] is column-major D^T [n, m] = B A^T: cuBLAS's A is our B, its B our A^T.
@@ -255,11 +243,12 @@ bool matmul_or_decline(const char* op, DType dtype, int64_t m, int64_t n, int64_
   const cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   const uint32_t align_a = alignment(b.data), align_b = alignment(a.data), align_d = alignment(out);
   const uint32_t align_bias = bias ? alignment(bias) : 256u;
-  const Key key{device, int(dtype) * 16 + int(out_dtype), m, n, k, sa.ld, sb.ld, int(sa.op), int(sb.op), int(epilogue), align_a, align_b,
-                align_d, align_bias};
+  const Key key{device, int(dtype) * 16 + int(out_dtype), m, n, k, sa.ld, sb.ld, int(sa.op), int(sb.op),
+                int(epilogue), align_a, align_b, align_d, align_bias};
 
   const auto check = [&](cublasStatus_t s, const char* what) {
-    if (s != CUBLAS_STATUS_SUCCESS) fail(ErrorKind::runtime, op, "(): ", what, " failed: ", status_name(s), " (", int(s), ")");
+    if (s != CUBLAS_STATUS_SUCCESS)
+      fail(ErrorKind::runtime, op, "(): ", what, " failed: ", status_name(s), " (", int(s), ")");
   };
   Owned<cublasLtMatmulDesc_t> desc(lib.cublasLtMatmulDescDestroy);
   check(lib.cublasLtMatmulDescCreate(&desc.value, compute, scale), "cublasLtMatmulDescCreate");
@@ -338,6 +327,14 @@ bool matmul_or_decline(const char* op, DType dtype, int64_t m, int64_t n, int64_
 }
 
 }  // namespace
+
+bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const void* bias,
+            void* out, DType out_dtype, void* stream, bool accumulate) {
+  if (!enabled.load()) return false;
+  const bool ran = matmul_or_decline(op, dtype, m, n, k, a, b, bias, out, out_dtype, stream, accumulate);
+  ++(ran ? taken : declined);
+  return ran;
+}
 
 #endif  // OPFORGE_WITH_CUBLASLT
 

@@ -487,6 +487,14 @@ def activate(z, act):
             "silu": torch.nn.functional.silu}[act](z)
 
 
+def rounded_once(dtype):
+    """(rtol, atol) for a result computed in float (double) and rounded once to dtype, against a
+    float64 reference: TOLERANCES, with rtol at least a rounding's worst case in the half types
+    (2^-11 float16, 2^-8 bfloat16, doubled)."""
+    rtol, atol = TOLERANCES[dtype]
+    return max(rtol, {"float16": 2.0**-10, "bfloat16": 2.0**-7}.get(dtype, 0.0)), atol
+
+
 def linear_reference(x, w, b, act):
     return activate(torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double()), act)
 
@@ -525,8 +533,7 @@ def test_linear_act_libraries_and_layouts(dtype, act, preact, matmul_library, rn
     """Every dtype, activation and layout through cuBLASLt and through opforge's own kernels
     against a float64 reference: each result rounded once from the accumulation type (so a half
     type's error is about one rounding of the result plus the float sums')."""
-    rtol, atol = TOLERANCES[dtype]
-    rtol = max(rtol, {"float16": 2.0**-10, "bfloat16": 2.0**-7}.get(dtype, 0.0))
+    rtol, atol = rounded_once(dtype)
     atol += 16 * COMPUTE_EPS[dtype] * 70 ** 0.5  # sums of k = 70 terms of size ~1
     for name, x, w, b in linear_layouts(rng, getattr(torch, dtype)):
         want = linear_reference(x.cpu(), w.cpu(), None if b is None else b.cpu(), act)
@@ -556,13 +563,15 @@ def test_cublaslt_takes_aligned_half_types(dtype, rng):
     if not (ON_GPU and cublaslt_loaded()):
         pytest.skip("cuBLASLt runs on a GPU where it loads")
     t = getattr(torch, dtype)
-    x, w, b, g = (torch.from_numpy(rng.standard_normal(s) / 8).to(t).to(DEVICE) for s in ((64, 128), (96, 128), (96,), (64, 96)))
+    shapes = ((64, 128), (96, 128), (96,), (64, 96))  # x, weight, bias, cotangent
+    x, w, b, g = (torch.from_numpy(rng.standard_normal(s) / 8).to(t).to(DEVICE) for s in shapes)
     taken = opforge._core.cublaslt_calls()[0]
     y = opforge.torch.linear_act(x, w, b, act="gelu")
     grads = torch.ops.opforge.linear_act_backward(g, x, w, b, None, act="gelu")
     assert opforge._core.cublaslt_calls()[0] >= taken + 4  # forward, z, grad_x and grad_weight's (two parts each)
-    rtol = 2.0**-10 if dtype == "float16" else 2.0**-7
-    torch.testing.assert_close(y.cpu().double(), linear_reference(x.cpu(), w.cpu(), b.cpu(), "gelu"), rtol=rtol, atol=1e-3)
+    rtol = rounded_once(dtype)[0]
+    want_y = linear_reference(x.cpu(), w.cpu(), b.cpu(), "gelu")
+    torch.testing.assert_close(y.cpu().double(), want_y, rtol=rtol, atol=1e-3)
     leaves = [v.cpu().double().requires_grad_() for v in (x, w, b)]
     want = torch.autograd.grad(activate(torch.nn.functional.linear(*leaves), "gelu"), leaves, g.cpu().double())
     for got, wnt in zip(grads, want):
@@ -609,8 +618,7 @@ def test_elementwise_packs_and_tails(n, dtype, rng):
 def test_linear_act_backward_libraries_and_layouts(dtype, act, saved, matmul_library, rng):
     """linear_act_backward's three results through cuBLASLt (float32 and float64) and opforge's
     own kernels, with the pre-activation saved or recomputed, against float64 autograd."""
-    rtol, atol = TOLERANCES[dtype]
-    rtol = max(rtol, {"float16": 2.0**-10, "bfloat16": 2.0**-7}.get(dtype, 0.0))
+    rtol, atol = rounded_once(dtype)
     atol += 16 * COMPUTE_EPS[dtype] * 70 ** 0.5
     for name, x, w, b in linear_layouts(rng, getattr(torch, dtype)):
         grad = torch.from_numpy(rng.standard_normal((*x.shape[:-1], w.shape[0]))).to(x.dtype).to(DEVICE)
@@ -637,8 +645,7 @@ def test_norm_backward_fused_chunks(rows, n, dtype, rng):
     x, g = (torch.from_numpy(rng.standard_normal((rows, n))).to(t).to(DEVICE) for _ in range(2))
     w, b = (torch.from_numpy(rng.standard_normal(n)).to(t).to(DEVICE) for _ in range(2))
     xd, wd, bd = (v.cpu().double().requires_grad_() for v in (x, w, b))
-    rtol, atol = TOLERANCES[dtype]
-    rtol = max(rtol, {"float16": 2.0**-10, "bfloat16": 2.0**-7}.get(dtype, 0.0))
+    rtol, atol = rounded_once(dtype)
     atol += 64 * COMPUTE_EPS[dtype] * max(rows, n) ** 0.5
     cases = [("rms_norm_backward", (g, x, w), {"eps": 1e-6},
               xd * torch.rsqrt(xd.square().mean(-1, keepdim=True) + 1e-6) * wd, (xd, wd)),
@@ -695,8 +702,8 @@ def test_row_kernels_cached_and_in_place(n, dtype, rng):
     x = torch.from_numpy(rng.standard_normal((5, n + 1))).to(t).to(DEVICE)
     w2, b = (torch.from_numpy(rng.standard_normal(2 * n)).to(t).to(DEVICE) for _ in range(2))
     w, b = w2[:n], b[:n]
-    rtol, atol = TOLERANCES[dtype]
-    rtol, atol = max(rtol, {"float16": 2.0**-10, "bfloat16": 2.0**-7}.get(dtype, 0.0)), max(atol, 1e-5 * (t != torch.float64))
+    rtol, atol = rounded_once(dtype)
+    atol = max(atol, 1e-5 * (t != torch.float64))
     # rows in registers where they fit; strided rows; a strided weight (both in place)
     for v, g in ((x[:, :n].contiguous(), w), (x[:, 1:], w), (x[:, :n].contiguous(), w2[::2])):
         vd, gd, bd = v.cpu().double(), g.cpu().double(), b.cpu().double()

@@ -125,8 +125,11 @@ struct CachedRow {
     });
   }
   // out[i] = f(k, e, x[i], others[i]...), out contiguous and 16-byte aligned.
-  template <class F, class... Rows> __device__ __forceinline__ void store_zip(T* out, F f, const Rows&... others) const {
-    for_packs([&](int k, int64_t j) { put(out, j, [&](int e) { return f(k, e, value(k, e), others.value(k, e)...); }); });
+  template <class F, class... Rows>
+  __device__ __forceinline__ void store_zip(T* out, F f, const Rows&... others) const {
+    for_packs([&](int k, int64_t j) {
+      put(out, j, [&](int e) { return f(k, e, value(k, e), others.value(k, e)...); });
+    });
   }
   // body(k, j) for this thread's packs: its k-th, the row's j-th (k a constant once unrolled, so
   // the packs stay in registers).
