@@ -126,7 +126,8 @@ if [[ $PY == python3 ]] && python3 -m pip install --help 2>/dev/null | grep -q b
   install+=(--break-system-packages)  # where python3 is the system's own
 fi
 step build 330 "${install[@]}"
-if ! "$PY" -c 'import opforge, sys; i = opforge.info(); print(i["backends"]); sys.exit(0 if i["built_with_cuda"] else 1)' 2>&1 | tee -a "$SUMMARY"; then
+# The backends, and whether linear_act's products run through cuBLASLt beside torch (which loads it).
+if ! "$PY" -c 'import torch, opforge, sys; i = opforge.info(); print(i["backends"]); print("cuBLASLt:", i["cublaslt"]); sys.exit(0 if i["built_with_cuda"] else 1)' 2>&1 | tee -a "$SUMMARY"; then
   note "FAIL  opforge is not importable or was built without CUDA: see gpu_check_build.log"
   tar -czf "$RESULTS/gpu_check_logs.tar.gz" -C "$LOGS" .
   exit 1
