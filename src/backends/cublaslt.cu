@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "opforge/error.h"
@@ -43,8 +44,11 @@ namespace {
 
 // The entry points used, resolved from the library with the header's signatures.
 struct Library {
-  void* handle = nullptr;
-  std::string name, reason;  // reason: why it is not used (empty when loaded)
+  // Published (release) after the entry points and the version are set; never unloaded (torch
+  // may share the library).
+  std::atomic<void*> handle{nullptr};
+  std::string name, reason;  // reason: why it is not used (meaningful while handle is null)
+  bool retry = false;        // not in the process at first use: look again on later uses
   size_t version = 0;
 #define OPFORGE_LT_FN(f) decltype(&::f) f = nullptr;
   OPFORGE_LT_FN(cublasLtGetVersion)
@@ -61,13 +65,6 @@ struct Library {
   OPFORGE_LT_FN(cublasLtMatmul)
 #undef OPFORGE_LT_FN
 
-  template <typename F>
-  bool resolve(F& fn, const char* symbol) {
-    fn = reinterpret_cast<F>(dlsym(handle, symbol));
-    if (!fn) reason = str(name, " lacks ", symbol);
-    return fn != nullptr;
-  }
-
   Library() {
     const char* env = std::getenv("OPFORGE_CUBLASLT");
     const std::string setting = env ? env : "";
@@ -75,48 +72,69 @@ struct Library {
       reason = "turned off by OPFORGE_CUBLASLT=" + setting;
       return;
     }
-    // The major version opforge was compiled against: the C API is stable within it.
-    const std::string soname = str("libcublasLt.so.", CUBLAS_VER_MAJOR);
+    void* h = nullptr;
     if (!setting.empty() && setting != "1") {
       name = setting;
-      handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+      h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
     } else {
-      name = soname;  // the process's copy first (torch's, JAX's), else the loader's search
-      handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-      if (!handle) handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+      // The major version opforge was compiled against (the C API is stable within it): the
+      // process's copy first (torch's, JAX's), else the loader's search.
+      name = str("libcublasLt.so.", CUBLAS_VER_MAJOR);
+      h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+      if (!h) h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+      retry = h == nullptr;  // torch imported after opforge's first use still brings it
     }
-    if (!handle) {
+    if (!h) {
       const char* why = dlerror();
       reason = str(name, " not loaded (", why ? why : "not found", ")");
       return;
     }
-    bool ok = resolve(cublasLtGetVersion, "cublasLtGetVersion") && resolve(cublasLtCreate, "cublasLtCreate") &&
-              resolve(cublasLtMatmulDescCreate, "cublasLtMatmulDescCreate") &&
-              resolve(cublasLtMatmulDescDestroy, "cublasLtMatmulDescDestroy") &&
-              resolve(cublasLtMatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute") &&
-              resolve(cublasLtMatrixLayoutCreate, "cublasLtMatrixLayoutCreate") &&
-              resolve(cublasLtMatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy") &&
-              resolve(cublasLtMatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate") &&
-              resolve(cublasLtMatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy") &&
-              resolve(cublasLtMatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute") &&
-              resolve(cublasLtMatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic") &&
-              resolve(cublasLtMatmul, "cublasLtMatmul");
-    if (ok) {
+    reason = open(h);
+  }
+
+  // Resolves the entry points from h and publishes it; else closes it and says why.
+  std::string open(void* h) {
+    std::string missing;
+    const auto resolve = [&](auto& fn, const char* symbol) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, symbol));
+      if (!fn && missing.empty()) missing = symbol;
+    };
+    resolve(cublasLtGetVersion, "cublasLtGetVersion");
+    resolve(cublasLtCreate, "cublasLtCreate");
+    resolve(cublasLtMatmulDescCreate, "cublasLtMatmulDescCreate");
+    resolve(cublasLtMatmulDescDestroy, "cublasLtMatmulDescDestroy");
+    resolve(cublasLtMatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
+    resolve(cublasLtMatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
+    resolve(cublasLtMatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
+    resolve(cublasLtMatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
+    resolve(cublasLtMatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
+    resolve(cublasLtMatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
+    resolve(cublasLtMatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
+    resolve(cublasLtMatmul, "cublasLtMatmul");
+    std::string why;
+    if (!missing.empty()) {
+      why = str(name, " lacks ", missing);
+    } else {
       version = cublasLtGetVersion();  // major * 10000 + minor * 100 + patch
-      if (version / 10000 != CUBLAS_VER_MAJOR) {
-        reason = str(name, " is version ", version, ", opforge was built for major version ", CUBLAS_VER_MAJOR);
-        ok = false;
-      }
+      if (version / 10000 != CUBLAS_VER_MAJOR)
+        why = str(name, " is version ", version, ", opforge was built for major version ", CUBLAS_VER_MAJOR);
     }
-    if (!ok) {
-      dlclose(handle);
-      handle = nullptr;
-    }
+    if (why.empty()) handle.store(h, std::memory_order_release);
+    else dlclose(h);
+    return why;
   }
 };
 
+// The library once loaded; until then, each use looks for a copy the process has loaded since
+// (a cheap RTLD_NOLOAD lookup), so `import torch` after opforge's first use still counts.
 const Library& library() {
-  static const Library lib;  // loaded once, on first use; never unloaded (torch may share it)
+  static Library lib;
+  if (!lib.handle.load(std::memory_order_acquire) && lib.retry) {
+    static std::mutex mutex;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!lib.handle.load(std::memory_order_acquire))
+      if (void* h = dlopen(lib.name.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD)) lib.open(h);
+  }
   return lib;
 }
 
@@ -197,7 +215,7 @@ struct Owned {  // a cuBLASLt descriptor destroyed at scope exit
 
 std::string status() {
   const Library& lib = library();
-  if (!lib.handle) return lib.reason;
+  if (!lib.handle.load(std::memory_order_acquire)) return lib.reason;
   const size_t v = lib.version;
   std::string s = str("cuBLASLt ", v / 10000, ".", v / 100 % 100, ".", v % 100, " (", lib.name, ")");
   {
@@ -213,7 +231,7 @@ bool matmul_or_decline(const char* op, DType dtype, int64_t m, int64_t n, int64_
                        const void* bias, void* out, DType out_dtype, void* stream, bool accumulate) {
   if (m <= 0 || n <= 0 || k <= 0) return false;
   const Library& lib = library();
-  if (!lib.handle) return false;
+  if (!lib.handle.load(std::memory_order_acquire)) return false;
   cudaDataType_t type;
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // never the TF32 or 16-bit compute types
   cudaDataType_t scale = CUDA_R_32F;

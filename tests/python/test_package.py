@@ -104,6 +104,14 @@ def test_cublaslt_loader():
     path = os.path.join(list(wheel.submodule_search_locations)[0], "lib", "libcublasLt.so.13")
     loaded = cublaslt_status_with(path)
     assert re.fullmatch(r"cuBLASLt 13\.\d+\.\d+ \(" + re.escape(path) + r"\)", loaded), loaded
+    # Not found at first use, then loaded by someone else (as `import torch` would): found then
+    code = ("import ctypes, opforge; first = opforge.info()['cublaslt']; ctypes.CDLL(%r); "
+            "print(first); print(opforge.info()['cublaslt'])" % path)
+    env = {k: v for k, v in os.environ.items() if k != "OPFORGE_CUBLASLT"}
+    first, then = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                 check=True).stdout.strip().splitlines()
+    assert re.fullmatch(r"cuBLASLt 13\.\d+\.\d+ \(libcublasLt\.so\.13\)", then), (first, then)
+    assert "not loaded" in first or first == then  # found at once where the loader's path has it
     before = opforge._core.set_cublaslt(False)
     try:
         assert opforge._core.set_cublaslt(False) is False
