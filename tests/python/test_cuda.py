@@ -679,6 +679,18 @@ def test_scatter_add_long_buckets(dtype, rng):
             assert torch.equal(got, want)
 
 
+def test_out_of_memory_is_reported_once():
+    """A workspace the device cannot hold (scatter_add's bucket starts for 2^40 buckets of empty
+    rows) raises a RuntimeError naming the op; the next op is not blamed for it (the runtime
+    keeps a failed call's status as its last error until someone reads it)."""
+    if not ON_GPU:
+        pytest.skip("the CPU kernel would try to hold the buckets too")
+    src, index = torch.zeros(3, 0, device=DEVICE), torch.zeros(3, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(RuntimeError, match=r"scatter_add\(\).*out of memory"):
+        opforge.torch.scatter_add(src, index, 2**40)
+    assert torch.equal(opforge.torch.add_one(torch.ones(8, device=DEVICE)).cpu(), torch.full((8,), 2.0))
+
+
 @pytest.mark.parametrize("dtype", ["int32", "int64"])
 def test_integer_ops_wrap(dtype):
     """Integer add, mul and add_one wrap around as torch's do (two's complement), on the packed

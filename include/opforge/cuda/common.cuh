@@ -193,8 +193,12 @@ bool try_map_contiguous(const TensorView& out, const std::array<const TensorView
 }
 
 // A CUDA runtime call's status as opforge's runtime error naming the op and the call.
+// The runtime also keeps the status as its "last error" (a failed allocation too): it is
+// reported here, so it is cleared, or the next check_launch would report it as its own.
 inline void check_cuda(const char* op, cudaError_t status, const char* what) {
-  if (status != cudaSuccess) fail(ErrorKind::runtime, op, "(): ", what, " failed: ", cudaGetErrorString(status));
+  if (status == cudaSuccess) return;
+  cudaGetLastError();
+  fail(ErrorKind::runtime, op, "(): ", what, " failed: ", cudaGetErrorString(status));
 }
 
 inline void check_launch(const char* op) {
