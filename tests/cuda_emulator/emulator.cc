@@ -1,0 +1,451 @@
+// The host CUDA emulator's runtime: the fiber scheduler behind cuda_emu::launch, the CUDA runtime
+// calls opforge's kernels make (memory, copies, errors), device memory between unmapped pages,
+// and the "cuda_emulated" backend those kernels register with. See cuda_emulator.h.
+#include <cuda_runtime_api.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cuda_emulator.h"
+#include "opforge/backend.h"
+
+namespace cuda_emu {
+
+thread_local const ThreadContext* current = nullptr;
+
+namespace {
+
+constexpr size_t kPage = 4096;
+// Deep enough for the kernels' register arrays in an unoptimized build; an overflow lands on the
+// unmapped page below and is reported as the thread's.
+constexpr size_t kStackBytes = 256 << 10;
+constexpr unsigned kMaxBlockThreads = 1024;
+
+struct Fiber {
+  enum class State { ready, at_barrier, at_warp, done };
+  ucontext_t context;
+  ThreadContext where;
+  State state = State::ready;
+};
+
+struct Warp {
+  unsigned arrived = 0, mask = 0;
+  const char* what = "";
+  unsigned generation = 0;
+  alignas(16) unsigned char slots[2][32][16];
+};
+
+// One launch in flight on this OS thread.
+struct Run {
+  const char* name;
+  void (*body)(void*);
+  void* closure;
+  ucontext_t scheduler;
+  std::vector<Fiber> fibers;
+  std::vector<Warp> warps;
+  Fiber* running = nullptr;
+  unsigned live = 0;
+  // The block barrier: how many wait, where, and the predicates' OR (for __syncthreads_or).
+  unsigned at_barrier = 0;
+  const char* barrier_file = nullptr;
+  int barrier_line = 0;
+  int barrier_or = 0, released_or = 0;
+  std::string fault;
+};
+
+thread_local Run* active = nullptr;
+
+std::string describe(const ThreadContext& t) {
+  char text[160];
+  std::snprintf(text, sizeof text, "block (%u, %u, %u), thread (%u, %u, %u)", t.block.x, t.block.y, t.block.z,
+                t.thread.x, t.thread.y, t.thread.z);
+  return text;
+}
+
+// Stacks, reused by every launch on this OS thread: each with an unmapped page below it.
+struct Stacks {
+  std::vector<char*> bases;
+  char* get(size_t i) {
+    while (bases.size() <= i) {
+      void* p = mmap(nullptr, kStackBytes + kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+      mprotect(p, kPage, PROT_NONE);
+      bases.push_back(static_cast<char*>(p) + kPage);
+    }
+    return bases[i];
+  }
+  ~Stacks() {
+    for (char* b : bases) munmap(b - kPage, kStackBytes + kPage);
+  }
+};
+thread_local Stacks stacks;
+
+// A faulting access in a kernel: say which thread, then let the default action end the process
+// (ctest reports the test as failed). Runs on its own stack, so a fiber's stack overflow reports too.
+void on_segv(int sig, siginfo_t* info, void*) {
+  char text[512];
+  int len;
+  if (active && active->running)
+    len = std::snprintf(text, sizeof text,
+                        "cuda emulator: kernel %s, %s: touched memory it does not own (address %p): out of "
+                        "bounds, or its stack overflowed\n",
+                        active->name, describe(active->running->where).c_str(), info->si_addr);
+  else
+    len = std::snprintf(text, sizeof text, "cuda emulator: segmentation fault outside a kernel (address %p)\n",
+                        info->si_addr);
+  if (write(2, text, len) < 0) {
+  }
+  signal(sig, SIG_DFL);
+}
+
+void install_segv_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static char alternate[64 << 10];
+    stack_t ss{};
+    ss.ss_sp = alternate;
+    ss.ss_size = sizeof alternate;
+    sigaltstack(&ss, nullptr);
+    struct sigaction sa{};
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigaction(SIGSEGV, &sa, nullptr);
+    sigaction(SIGBUS, &sa, nullptr);
+  });
+}
+
+void fiber_main() {
+  Run& run = *active;
+  run.body(run.closure);
+  run.running->state = Fiber::State::done;
+  swapcontext(&run.running->context, &run.scheduler);
+}
+
+// Back to the scheduler until it resumes this fiber.
+void yield(Run& run) { swapcontext(&run.running->context, &run.scheduler); }
+
+void release_barrier_if_complete(Run& run) {
+  if (run.at_barrier == 0 || run.at_barrier != run.live) return;
+  for (Fiber& f : run.fibers)
+    if (f.state == Fiber::State::at_barrier) f.state = Fiber::State::ready;
+  run.released_or = run.barrier_or;
+  run.at_barrier = 0;
+  run.barrier_or = 0;
+}
+
+std::string deadlock_report(const Run& run) {
+  std::string text = "kernel " + std::string(run.name) + " deadlocked: ";
+  unsigned done = 0;
+  for (const Fiber& f : run.fibers) done += f.state == Fiber::State::done;
+  if (run.at_barrier)
+    text += std::to_string(run.at_barrier) + " threads wait at __syncthreads (" + run.barrier_file + ":" +
+            std::to_string(run.barrier_line) + ")";
+  for (size_t w = 0; w < run.warps.size(); ++w)
+    if (run.warps[w].arrived) {
+      char part[160];
+      std::snprintf(part, sizeof part, "; warp %zu waits in %s for lanes 0x%08x (arrived 0x%08x)", w,
+                    run.warps[w].what, run.warps[w].mask, run.warps[w].arrived);
+      text += part;
+    }
+  const uint3 b = run.fibers.front().where.block;
+  return text + "; " + std::to_string(done) + " threads had exited (block " + std::to_string(b.x) + ", " +
+         std::to_string(b.y) + ", " + std::to_string(b.z) + ")";
+}
+
+void run_block(Run& run, const dim3& grid, const dim3& block, const uint3& block_index) {
+  const unsigned threads = block.x * block.y * block.z;
+  run.fibers.assign(threads, Fiber{});
+  run.warps.assign((threads + 31) / 32, Warp{});
+  run.live = threads;
+  run.at_barrier = 0;
+  run.barrier_or = 0;
+  for (unsigned i = 0; i < threads; ++i) {
+    Fiber& f = run.fibers[i];
+    f.where.thread = {i % block.x, (i / block.x) % block.y, i / (block.x * block.y)};
+    f.where.block = block_index;
+    f.where.block_dim = block;
+    f.where.grid_dim = grid;
+    f.where.lane = i % 32;
+    f.where.warp = i / 32;
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = stacks.get(i);
+    f.context.uc_stack.ss_size = kStackBytes;
+    f.context.uc_link = nullptr;
+    makecontext(&f.context, fiber_main, 0);
+  }
+  while (run.live > 0) {
+    bool progressed = false;
+    for (Fiber& f : run.fibers) {
+      if (f.state != Fiber::State::ready) continue;
+      progressed = true;
+      run.running = &f;
+      current = &f.where;
+      swapcontext(&run.scheduler, &f.context);
+      run.running = nullptr;
+      current = nullptr;
+      if (!run.fault.empty()) throw KernelFault(run.fault);
+      if (f.state == Fiber::State::done) {
+        --run.live;
+        release_barrier_if_complete(run);  // threads that exited no longer count, as on the GPU
+      }
+    }
+    if (!progressed) throw KernelFault(deadlock_report(run));
+  }
+}
+
+// Device memory regions by the address handed out: the mapping to return.
+struct Region {
+  char* base;
+  size_t bytes;
+};
+std::mutex memory_mutex;
+std::map<const void*, Region>& regions() {
+  static std::map<const void*, Region> table;
+  return table;
+}
+
+std::mutex launches_mutex;
+std::vector<std::string>& launches() {
+  static std::vector<std::string> names;
+  return names;
+}
+
+thread_local cudaError_t last_error = cudaSuccess;
+
+cudaError_t fail_with(cudaError_t e) {
+  last_error = e;
+  return e;
+}
+
+// More than this is refused as out of memory, so a test can provoke the error path.
+constexpr size_t kMaxAllocation = size_t{8} << 30;
+
+}  // namespace
+
+[[noreturn]] void fault(const std::string& what) {
+  Run* run = active;
+  if (!run || !run->running) throw KernelFault(what);
+  run->fault = "kernel " + std::string(run->name) + ", " + describe(run->running->where) + ": " + what;
+  swapcontext(&run->running->context, &run->scheduler);  // never resumed
+  __builtin_unreachable();
+}
+
+int sync_block(int predicate, const char* file, int line) {
+  Run* run = active;
+  if (!run || !run->running) throw KernelFault("__syncthreads outside a kernel");
+  if (run->at_barrier == 0) {
+    run->barrier_file = file;
+    run->barrier_line = line;
+  } else if (run->barrier_line != line || std::strcmp(run->barrier_file, file) != 0) {
+    fault("reached __syncthreads at " + std::string(file) + ":" + std::to_string(line) + " while others wait at " +
+          run->barrier_file + ":" + std::to_string(run->barrier_line) + " (the block's threads must meet at one barrier)");
+  }
+  run->barrier_or |= predicate;
+  ++run->at_barrier;
+  run->running->state = Fiber::State::at_barrier;
+  release_barrier_if_complete(*run);
+  if (run->running->state == Fiber::State::at_barrier) yield(*run);
+  return run->released_or;
+}
+
+const unsigned char* warp_exchange(unsigned mask, const void* value, size_t size, const char* what) {
+  Run* run = active;
+  if (!run || !run->running) throw KernelFault(std::string(what) + " outside a kernel");
+  Fiber& self = *run->running;
+  Warp& warp = run->warps[self.where.warp];
+  const unsigned lane = self.where.lane;
+  if (!(mask >> lane & 1u)) fault(std::string(what) + ": the calling lane is not in its mask");
+  if (warp.arrived == 0) {
+    warp.mask = mask;
+    warp.what = what;
+  } else if (warp.mask != mask || std::strcmp(warp.what, what) != 0) {
+    char text[200];
+    std::snprintf(text, sizeof text, "%s with mask 0x%08x while lanes 0x%08x wait in %s with mask 0x%08x", what, mask,
+                  warp.arrived, warp.what, warp.mask);
+    fault(text);
+  }
+  const unsigned generation = warp.generation;
+  if (size) std::memcpy(warp.slots[generation & 1][lane], value, size);
+  warp.arrived |= 1u << lane;
+  if (warp.arrived == mask) {
+    for (unsigned l = 0; l < 32; ++l)
+      if (mask >> l & 1u) run->fibers[self.where.warp * 32 + l].state = Fiber::State::ready;
+    warp.arrived = 0;
+    ++warp.generation;
+  } else {
+    self.state = Fiber::State::at_warp;
+    yield(*run);
+  }
+  return &warp.slots[generation & 1][0][0];
+}
+
+void run_grid(const char* name, dim3 grid, dim3 block, size_t shared_bytes, void (*body)(void*), void* closure) {
+  const unsigned long long threads = 1ull * block.x * block.y * block.z;
+  const std::string launch = std::string("kernel ") + name + ": ";
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0)
+    throw KernelFault(launch + "a grid with no blocks (CUDA fails the launch: invalid configuration argument)");
+  if (threads == 0 || threads > kMaxBlockThreads || block.z > 64)
+    throw KernelFault(launch + "blocks of " + std::to_string(threads) + " threads (CUDA allows 1 to 1024)");
+  if (grid.y > 65535 || grid.z > 65535 || grid.x > 0x7fffffffu)
+    throw KernelFault(launch + "grid beyond CUDA's limits");
+  if (shared_bytes > 0) throw KernelFault(launch + "dynamic shared memory is not emulated");
+  if (active) throw KernelFault(launch + "launched from inside another kernel");
+  {
+    std::lock_guard lock(launches_mutex);
+    launches().push_back(name);
+  }
+  install_segv_handler();
+  Run run;
+  run.name = name;
+  run.body = body;
+  run.closure = closure;
+  active = &run;
+  try {
+    for (unsigned z = 0; z < grid.z; ++z)
+      for (unsigned y = 0; y < grid.y; ++y)
+        for (unsigned x = 0; x < grid.x; ++x) run_block(run, grid, block, uint3{x, y, z});
+  } catch (...) {
+    active = nullptr;
+    throw;
+  }
+  active = nullptr;
+}
+
+void* allocate(size_t bytes) {
+  const size_t data = (std::max<size_t>(bytes, 1) + 15) & ~size_t{15};
+  const size_t span = (data + kPage - 1) & ~(kPage - 1);
+  void* p = mmap(nullptr, span + 2 * kPage, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  char* base = static_cast<char*>(p);
+  mprotect(base + kPage, span, PROT_READ | PROT_WRITE);
+  char* start = base + kPage + span - data;  // 16-byte aligned, its end against the page above
+  std::memset(start, 0xff, data);
+  std::lock_guard lock(memory_mutex);
+  regions()[start] = {base, span + 2 * kPage};
+  return start;
+}
+
+void release(void* p) {
+  if (!p) return;
+  std::lock_guard lock(memory_mutex);
+  auto it = regions().find(p);
+  if (it == regions().end()) throw KernelFault("freeing memory the emulated device did not allocate");
+  munmap(it->second.base, it->second.bytes);
+  regions().erase(it);
+}
+
+size_t live_allocations() {
+  std::lock_guard lock(memory_mutex);
+  return regions().size();
+}
+
+std::vector<std::string> take_launches() {
+  std::lock_guard lock(launches_mutex);
+  return std::exchange(launches(), {});
+}
+
+namespace {
+std::set<std::string>& sites() {
+  static std::set<std::string> table;
+  return table;
+}
+}  // namespace
+
+bool declare_launch_sites(std::initializer_list<const char*> names) {
+  std::lock_guard lock(launches_mutex);
+  sites().insert(names.begin(), names.end());
+  return true;
+}
+
+std::vector<std::string> launch_sites() {
+  std::lock_guard lock(launches_mutex);
+  return {sites().begin(), sites().end()};
+}
+
+namespace {
+
+// The emulated device behind the kernels' "cuda_emulated" registrations. Lowest score: on a
+// machine with a GPU the real backend keeps the CUDA tensors; tests force this one by name.
+class EmulatedCuda final : public opforge::Backend {
+ public:
+  std::string name() const override { return "cuda_emulated"; }
+  opforge::DeviceType device_type() const override { return opforge::DeviceType::cuda; }
+  bool available() const override { return true; }
+  int score() const override { return 0; }
+  int64_t device_count() const override { return 1; }
+  void* allocate(int64_t bytes, opforge::Device, void*) override { return cuda_emu::allocate(size_t(bytes)); }
+  void release(void* ptr, opforge::Device, void*) noexcept override {
+    try {
+      cuda_emu::release(ptr);
+    } catch (...) {
+    }
+  }
+  void copy(void* dst, const void* src, int64_t bytes, void*) override { std::memcpy(dst, src, size_t(bytes)); }
+  void synchronize(opforge::Device, void*) override {}
+};
+
+[[maybe_unused]] const bool registered = [] {
+  opforge::register_backend(std::make_unique<EmulatedCuda>());
+  return true;
+}();
+
+}  // namespace
+}  // namespace cuda_emu
+
+// The CUDA runtime calls opforge's kernels make. Streams are accepted and ignored: every call has
+// finished when it returns.
+extern "C" {
+
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
+  *p = bytes > cuda_emu::kMaxAllocation ? nullptr : cuda_emu::allocate(bytes);
+  return *p ? cudaSuccess : cuda_emu::fail_with(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaMalloc(void** p, size_t bytes) { return cudaMallocAsync(p, bytes, nullptr); }
+cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
+  cuda_emu::release(p);
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) { return cudaFreeAsync(p, nullptr); }
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void* p, int value, size_t bytes) { return cudaMemsetAsync(p, value, bytes, nullptr); }
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError() { return std::exchange(cuda_emu::last_error, cudaSuccess); }
+cudaError_t cudaPeekAtLastError() { return cuda_emu::last_error; }
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    default: return "unknown error (emulated)";
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,35 @@
+// The host CUDA emulator's test-facing side: which kernels ran, what memory is still held, and the
+// allocator behind the emulated device. See cuda_emulator.h for how kernels run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cuda_emu {
+
+// What a kernel did that real hardware would punish (a deadlock, a barrier two code paths reach,
+// a shuffle naming a lane that is not there, a bad launch configuration). Thrown by the launch.
+struct KernelFault : std::logic_error {
+  using std::logic_error::logic_error;
+};
+
+// Device memory: pages of its own, its last byte against an unmapped page (a read or write past
+// the end faults at once), an unmapped page before it, filled with 0xff bytes (NaN in every float
+// type, -1 in the integer types) so a result nobody wrote stands out.
+void* allocate(size_t bytes);
+void release(void* p);
+size_t live_allocations();  // allocate()/cudaMallocAsync minus release()/cudaFreeAsync
+
+// The kernels launched since the last call, oldest first, each as its launch site names it:
+// "cached_kernel<T> (ops/rms_norm/rms_norm_cuda.cu:52)".
+std::vector<std::string> take_launches();
+
+// Every launch site of the emulated sources, declared by each rewritten file at load time.
+bool declare_launch_sites(std::initializer_list<const char*> sites);
+std::vector<std::string> launch_sites();  // sorted
+
+}  // namespace cuda_emu

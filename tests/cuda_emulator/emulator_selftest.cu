@@ -1,0 +1,122 @@
+// The emulator itself (cuda_emulator.h): CUDA semantics it must keep (block barriers, shuffles,
+// per-block shared memory, launch limits, the runtime's errors), and the misuse it must catch,
+// each shown by a kernel that commits it. Compiled like the ops' CUDA sources: rewritten, then
+// with the emulator's header ahead.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace {
+
+// Every thread: the block's sum by warp shuffles and a shared array, as the row kernels do.
+__global__ void block_sums(int* out, const int* in) {
+  __shared__ int partial[32];
+  int v = in[blockIdx.x * blockDim.x + threadIdx.x];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  int total = 0;
+  for (unsigned w = 0; w < blockDim.x / 32; ++w) total += partial[w];
+  out[blockIdx.x * blockDim.x + threadIdx.x] = total;
+}
+
+TEST(CudaEmulator, BarriersShufflesAndSharedMemoryPerBlock) {
+  const int blocks = 3, threads = 96;
+  std::vector<int> in(blocks * threads);
+  std::iota(in.begin(), in.end(), 1);
+  std::vector<int> out(in.size(), -1);
+  block_sums<<<blocks, threads, 0, nullptr>>>(out.data(), in.data());
+  for (int b = 0; b < blocks; ++b) {
+    const int want = std::accumulate(in.begin() + b * threads, in.begin() + (b + 1) * threads, 0);
+    for (int t = 0; t < threads; ++t) ASSERT_EQ(out[b * threads + t], want) << "block " << b << " thread " << t;
+  }
+}
+
+__global__ void shuffles(int* out, int width) {
+  const int lane = threadIdx.x;
+  out[lane] = __shfl_down_sync(0xffffffffu, lane * 10, 3, width);
+  out[32 + lane] = __shfl_sync(0xffffffffu, lane * 10, 5, width);
+  out[64 + lane] = static_cast<int>(__ballot_sync(0xffffffffu, lane % 3 == 0) == 0x49249249u);
+  out[96 + lane] = __syncthreads_or(lane == 17);
+}
+
+TEST(CudaEmulator, ShuffleSemantics) {
+  std::vector<int> out(128, -1);
+  shuffles<<<1, 32, 0, nullptr>>>(out.data(), 8);
+  for (int lane = 0; lane < 32; ++lane) {
+    const int base = lane / 8 * 8;
+    EXPECT_EQ(out[lane], (lane + 3 < base + 8 ? lane + 3 : lane) * 10) << lane;  // own value past the segment
+    EXPECT_EQ(out[32 + lane], (base + 5) * 10) << lane;
+    EXPECT_EQ(out[64 + lane], 1) << lane;
+    EXPECT_EQ(out[96 + lane], 1) << lane;
+  }
+}
+
+__global__ void divergent_barrier(int* out) {
+  if (threadIdx.x < 16) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  out[threadIdx.x] = 1;
+}
+
+__global__ void shuffle_after_exit(int* out) {
+  if (threadIdx.x == 5) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
+}
+
+__global__ void masks_disagree(int* out) {
+  out[threadIdx.x] = __shfl_xor_sync(threadIdx.x < 16 ? 0xffffu : 0xffffffffu, 1, 1);
+}
+
+__global__ void reads_past_the_end(float* out, const float* in, int n) { out[0] = in[n - 1 + threadIdx.x]; }
+
+__global__ void nothing(int*) {}
+
+TEST(CudaEmulator, CatchesWhatTheHardwarePunishes) {
+  std::vector<int> out(64);
+  auto fault_of = [](auto launch) -> std::string {
+    try {
+      launch();
+    } catch (const cuda_emu::KernelFault& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(fault_of([&] { divergent_barrier<<<1, 32, 0, nullptr>>>(out.data()); }).find("must meet at one barrier"),
+            std::string::npos);
+  EXPECT_NE(fault_of([&] { shuffle_after_exit<<<1, 32, 0, nullptr>>>(out.data()); }).find("deadlocked"),
+            std::string::npos);
+  EXPECT_NE(fault_of([&] { masks_disagree<<<1, 32, 0, nullptr>>>(out.data()); }).find("mask"), std::string::npos);
+  EXPECT_NE(fault_of([&] { nothing<<<0, 32, 0, nullptr>>>(out.data()); }).find("no blocks"), std::string::npos);
+  EXPECT_NE(fault_of([&] { nothing<<<1, 2048, 0, nullptr>>>(out.data()); }).find("1 to 1024"), std::string::npos);
+  // A warp shuffle in a block of 48 threads names lanes the second warp lacks.
+  EXPECT_NE(fault_of([&] { block_sums<<<1, 48, 0, nullptr>>>(out.data(), out.data()); }).find("deadlocked"),
+            std::string::npos);
+}
+
+TEST(CudaEmulatorDeathTest, AnOutOfBoundsReadNamesTheThread) {
+  float* in = static_cast<float*>(cuda_emu::allocate(16 * sizeof(float)));
+  float* out = static_cast<float*>(cuda_emu::allocate(sizeof(float)));
+  EXPECT_DEATH(reads_past_the_end<<<1, 2, 0, nullptr>>>(out, in, 16), "reads_past_the_end .*, block \\(0, 0, 0\\), thread \\(1, 0, 0\\): touched memory");
+  cuda_emu::release(in);
+  cuda_emu::release(out);
+}
+
+TEST(CudaEmulator, MemoryStartsAsNaNAndOutOfMemoryIsAnError) {
+  float* p = nullptr;
+  ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&p), 3 * sizeof(float), nullptr), cudaSuccess);
+  EXPECT_TRUE(std::isnan(p[2]));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 16, 0u);
+  EXPECT_EQ(cudaFreeAsync(p, nullptr), cudaSuccess);
+  void* huge = nullptr;
+  EXPECT_EQ(cudaMallocAsync(&huge, size_t{1} << 40, nullptr), cudaErrorMemoryAllocation);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // read once, then cleared
+}
+
+}  // namespace
