@@ -14,8 +14,7 @@
 // barriers; atomics are plain read-modify-writes), register and shared-memory limits and
 // __launch_bounds__, the streams' asynchrony (every call completes before it returns), device
 // math's last-bit differences (the host's libm, no FMA contraction), and paths taken only when
-// __CUDA_ARCH__ is defined (the host compiler sees the pre-sm_80 ones). __shared__ variables are
-// per-block but zero-filled the first time, not garbage.
+// __CUDA_ARCH__ is defined (the host compiler sees the pre-sm_80 ones).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -58,6 +57,13 @@ int sync_block(int predicate, const char* file, int line);
 // The lanes of `mask` meet: each leaves `size` bytes (at most 16) of `value` in its slot; returns
 // the warp's 32 slots, 16 bytes apart, valid until the warp's next operation.
 const unsigned char* warp_exchange(unsigned mask, const void* value, size_t size, const char* what);
+
+// A kernel's __launch_bounds__ (rewrite_launches.py puts the call at its start): more threads per
+// block than `max_threads` is a launch the GPU refuses.
+void check_launch_bounds(long long max_threads);
+// A __shared__ variable (the same per block): the first thread of a block to declare it fills it
+// with 0xff bytes, so a read before any write shows as NaN or -1, as garbage would on the GPU.
+void poison_shared(void* variable, size_t bytes);
 
 // Runs `body(closure)` once per thread of the grid.
 void run_grid(const char* name, dim3 grid, dim3 block, size_t shared_bytes, void (*body)(void*), void* closure);

@@ -60,6 +60,7 @@ struct Run {
   const char* barrier_file = nullptr;
   int barrier_line = 0;
   int barrier_or = 0, released_or = 0;
+  std::set<void*> poisoned;  // __shared__ variables this block has declared
   std::string fault;
 };
 
@@ -169,6 +170,7 @@ void run_block(Run& run, const dim3& grid, const dim3& block, const uint3& block
   run.live = threads;
   run.at_barrier = 0;
   run.barrier_or = 0;
+  run.poisoned.clear();
   for (unsigned i = 0; i < threads; ++i) {
     Fiber& f = run.fibers[i];
     f.where.thread = {i % block.x, (i / block.x) % block.y, i / (block.x * block.y)};
@@ -287,6 +289,19 @@ const unsigned char* warp_exchange(unsigned mask, const void* value, size_t size
     yield(*run);
   }
   return &warp.slots[generation & 1][0][0];
+}
+
+void check_launch_bounds(long long max_threads) {
+  const ThreadContext& t = *current;
+  const long long threads = 1ll * t.block_dim.x * t.block_dim.y * t.block_dim.z;
+  if (threads > max_threads)
+    fault("launched with " + std::to_string(threads) + " threads per block, over its __launch_bounds__(" +
+          std::to_string(max_threads) + "): CUDA refuses the launch (too many resources requested)");
+}
+
+void poison_shared(void* variable, size_t bytes) {
+  Run* run = active;
+  if (run && run->poisoned.insert(variable).second) std::memset(variable, 0xff, bytes);
 }
 
 void run_grid(const char* name, dim3 grid, dim3 block, size_t shared_bytes, void (*body)(void*), void* closure) {

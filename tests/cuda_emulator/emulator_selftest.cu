@@ -77,6 +77,16 @@ __global__ void reads_past_the_end(float* out, const float* in, int n) { out[0] 
 
 __global__ void nothing(int*) {}
 
+__global__ void __launch_bounds__(64) bounded(int* out) { out[threadIdx.x] = 1; }
+
+// Reads the shared array before any thread wrote it.
+__global__ void reads_unwritten_shared(float* out) {
+  __shared__ float values[32];
+  out[threadIdx.x] = values[threadIdx.x];
+  __syncthreads();
+  values[threadIdx.x] = 1.f;
+}
+
 TEST(CudaEmulator, CatchesWhatTheHardwarePunishes) {
   std::vector<int> out(64);
   auto fault_of = [](auto launch) -> std::string {
@@ -94,6 +104,9 @@ TEST(CudaEmulator, CatchesWhatTheHardwarePunishes) {
   EXPECT_NE(fault_of([&] { masks_disagree<<<1, 32, 0, nullptr>>>(out.data()); }).find("mask"), std::string::npos);
   EXPECT_NE(fault_of([&] { nothing<<<0, 32, 0, nullptr>>>(out.data()); }).find("no blocks"), std::string::npos);
   EXPECT_NE(fault_of([&] { nothing<<<1, 2048, 0, nullptr>>>(out.data()); }).find("1 to 1024"), std::string::npos);
+  EXPECT_NE(fault_of([&] { bounded<<<1, 96, 0, nullptr>>>(out.data()); }).find("__launch_bounds__(64)"),
+            std::string::npos);
+  EXPECT_EQ(fault_of([&] { bounded<<<2, 64, 0, nullptr>>>(out.data()); }), "");
   // A warp shuffle in a block of 48 threads names lanes the second warp lacks.
   EXPECT_NE(fault_of([&] { block_sums<<<1, 48, 0, nullptr>>>(out.data(), out.data()); }).find("deadlocked"),
             std::string::npos);
@@ -105,6 +118,14 @@ TEST(CudaEmulatorDeathTest, AnOutOfBoundsReadNamesTheThread) {
   EXPECT_DEATH(reads_past_the_end<<<1, 2, 0, nullptr>>>(out, in, 16), "reads_past_the_end .*, block \\(0, 0, 0\\), thread \\(1, 0, 0\\): touched memory");
   cuda_emu::release(in);
   cuda_emu::release(out);
+}
+
+TEST(CudaEmulator, SharedMemoryStartsAsGarbageInEveryBlock) {
+  std::vector<float> out(32, 0.f);
+  for (int launch = 0; launch < 2; ++launch) {  // the second launch finds the first one's 1s: poisoned again
+    reads_unwritten_shared<<<1, 32, 0, nullptr>>>(out.data());
+    for (float v : out) EXPECT_TRUE(std::isnan(v)) << "launch " << launch;
+  }
 }
 
 TEST(CudaEmulator, MemoryStartsAsNaNAndOutOfMemoryIsAnError) {

@@ -6,7 +6,8 @@ Each launch `kernel<<<grid, block, shared, stream>>>(args)` becomes
 `::cuda_emu::launch("kernel (file:line)", [&](auto... a) { kernel(a...); }, grid, block, shared,
 stream)(args)`: the lambda lets template kernels deduce their arguments as the launch would. The
 file's launch sites are declared at its end (cuda_emu::declare_launch_sites). OPFORGE_KERNEL
-registrations become CUDA_EMU_KERNEL (the emulated backend). Line breaks are kept, and a #line
+registrations become CUDA_EMU_KERNEL (the emulated backend). A kernel's __launch_bounds__ becomes a
+check at its start, and each __shared__ declaration is poisoned per block (see the functions below). Line breaks are kept, and a #line
 directive names the source, so diagnostics and __FILE__/__LINE__ point at the original.
 """
 import pathlib
@@ -34,6 +35,61 @@ def kernel_start(text: str, end: int) -> int:
     return i
 
 
+def closing(text: str, open_: int) -> int:
+    """Index of the bracket that closes the one at `open_` ('(' or '[')."""
+    pairs = {"(": ")", "[": "]"}
+    depth = 0
+    for i in range(open_, len(text)):
+        if text[i] in pairs:
+            depth += 1
+        elif text[i] in pairs.values():
+            depth -= 1
+            if depth == 0:
+                return i
+    raise SystemExit(f"unbalanced bracket at {open_}")
+
+
+def top_level_split(text: str) -> list:
+    """`text` cut at the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        depth += c in "(["
+        depth -= c in ")]"
+        if c == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]
+
+
+def check_launch_bounds(text: str) -> str:
+    """`__launch_bounds__(B, ...) kernel(params) {` gets `::cuda_emu::check_launch_bounds(B);` as
+    the body's first statement: a launch with more threads fails on the GPU."""
+    out, pos = [], 0
+    for match in re.finditer(r"__global__\s+void\s+__launch_bounds__\(", text):
+        at = match.end() - len("__launch_bounds__(")
+        args_end = closing(text, at + len("__launch_bounds__"))
+        bound = top_level_split(text[at + len("__launch_bounds__") + 1:args_end])[0].strip()
+        params = closing(text, text.index("(", args_end + 1))
+        body = text.index("{", params)
+        out.append(text[pos:body + 1] + f" ::cuda_emu::check_launch_bounds({bound});")
+        pos = body + 1
+    return "".join(out) + text[pos:]
+
+
+def poison_shared(text: str) -> str:
+    """Each `__shared__ T a[..], b[..];` is followed by ::cuda_emu::poison_shared for each name: the
+    first thread of a block to reach it fills it with 0xff bytes, as uninitialized shared memory."""
+    out, pos = [], 0
+    for match in re.finditer(r"^[ \t]*__shared__", text, re.MULTILINE):
+        at = match.end() - len("__shared__")
+        end = text.index(";", at)
+        declaration = re.sub(r"__align__\([^)]*\)", "", text[at + len("__shared__"):end])
+        names = [re.match(r"\s*([^\[]*?)\s*(\[|$)", part).group(1).split()[-1] for part in top_level_split(declaration)]
+        out.append(text[pos:end + 1] + "".join(f" ::cuda_emu::poison_shared(&{n}, sizeof({n}));" for n in names))
+        pos = end + 1
+    return "".join(out) + text[pos:]
+
+
 def rewrite(text: str, source: str) -> str:
     out = []
     sites = []  # "kernel (file:line)" of each launch
@@ -54,7 +110,7 @@ def rewrite(text: str, source: str) -> str:
         out.append(f'::cuda_emu::launch("{name}", [&](auto... cuda_emu_args) {{ {kernel}(cuda_emu_args...); }}, {config})')
         pos = close + 3
     out.append(text[pos:])
-    body = "".join(out).replace("OPFORGE_KERNEL(", "CUDA_EMU_KERNEL(")
+    body = poison_shared(check_launch_bounds("".join(out))).replace("OPFORGE_KERNEL(", "CUDA_EMU_KERNEL(")
     if sites:  # the file's launch sites, for the tests' check that each one ran
         listed = ", ".join(f'"{s}"' for s in sites)
         tag = re.sub(r"\W", "_", source)
