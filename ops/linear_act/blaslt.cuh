@@ -18,6 +18,11 @@
 
 namespace opforge::linear_act_cuda {
 
+// The step between x's rows where its leading dimensions merge into one stride (rows.rank <= 1;
+// a single row's step is arbitrary: k), for the products that take a row stride (cuBLASLt, the
+// 128 x 128 float32 kernel).
+inline int64_t row_stride(const cuda::Indexer& rows, int64_t k) { return rows.rank == 1 ? rows.strides[0] : k; }
+
 // out[e] = act(z[e] + bias[e % n]) and preact[e] = z[e] + bias[e % n] over m x n contiguous
 // results. z may be out or preact itself (each element is read before it is written, by one
 // thread); I is the index type (32 bits when m * n fits).
@@ -41,7 +46,7 @@ bool forward_blaslt(const char* op, const std::string& act_name, Act act, const 
                     int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
   using A = cuda::Acc<T>;
   if (x_rows.rank > 1) return false;  // x's leading dims do not merge into one row stride
-  const cuda::blaslt::Operand xa{x.data, x_rows.rank == 1 ? x_rows.strides[0] : k, x.stride(-1)};
+  const cuda::blaslt::Operand xa{x.data, row_stride(x_rows, k), x.stride(-1)};
   const cuda::blaslt::Operand wb{w.data, w.stride(0), w.stride(1)};
   // blaslt::matmul's terms for a bias (packed, 16-byte aligned); others go to the finishing pass
   const bool epilogue_bias = !bias || ((bias->stride(0) == 1 || n == 1) && cuda::aligned16(bias->data));

@@ -147,7 +147,7 @@ inline void forward(const KernelCall& call, const char* op, bool save_preact) {
     const Mat<T> b = matrix(op, w.data_as<const T>(), n, w.stride(0), k, w.stride(1));
     // x's rows one stride apart (its leading dims merge to one, or there is one row) and both
     // operands contiguous along k: the 128 x 128 float32 kernel (sgemm_nt.cuh) where it fits.
-    const int64_t lda = a.rows.rank == 1 ? a.rows.strides[0] : k;
+    const int64_t lda = row_stride(a.rows, k);
     const bool nt = std::is_same_v<T, float> && a.rows.rank <= 1 && x.stride(-1) == 1 && w.stride(1) == 1 &&
                     sgemm_nt_fits(x.data, lda, w.data, w.stride(0), m, k);
     const std::string& act_name = call.attr_str("act");

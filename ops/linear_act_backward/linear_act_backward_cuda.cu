@@ -99,7 +99,9 @@ void run(const KernelCall& call) {
     using A = cuda::Acc<T>;
     constexpr bool half = !std::is_same_v<A, T>;
     // g, then for a half type with cuBLASLt its two parts (hi, lo), in one workspace.
-    const bool by_blaslt = x_rows.rank <= 1;  // x's rows one stride apart: cuBLASLt may take it
+    // x's rows one stride apart, and cuBLASLt loaded: it may take the products (else no half-type
+    // parts are made for it).
+    const bool by_blaslt = x_rows.rank <= 1 && cuda::blaslt::ready();
     const int64_t parts = half && by_blaslt ? 2 : 0;
     char* workspace = nullptr;
     cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), (sizeof(A) + parts * sizeof(T)) * m * n,
@@ -111,7 +113,7 @@ void run(const KernelCall& call) {
     try {
       const cuda::Indexer x_cols = cuda::make_indexer(op, {k}, {x.stride(-1)});
       const Mat<T> xa{x.data_as<const T>(), x_rows, x_cols};
-      const int64_t x_row_stride = x_rows.rank == 1 ? x_rows.strides[0] : k;
+      const int64_t x_row_stride = row_stride(x_rows, k);
       const T* bias_data = bias ? bias->data_as<const T>() : nullptr;
       const int64_t bias_stride = bias ? bias->stride(0) : 0;
       const cuda::Indexer g_plain = cuda::make_indexer(op, {m}, {n});

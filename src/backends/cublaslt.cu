@@ -5,13 +5,11 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
 #include <type_traits>
-#include <vector>
 
 #include "opforge/error.h"
 
@@ -37,6 +35,7 @@ bool matmul(const char*, DType, int64_t, int64_t, int64_t, Operand, Operand, con
   return false;
 }
 std::string status() { return "not built in (cublasLt.h was not found when opforge was compiled)"; }
+bool ready() { return false; }
 
 #else
 
@@ -212,6 +211,8 @@ struct Owned {  // a cuBLASLt descriptor destroyed at scope exit
 };
 
 }  // namespace
+
+bool ready() { return enabled.load() && library().handle.load(std::memory_order_acquire) != nullptr; }
 
 std::string status() {
   const Library& lib = library();

@@ -70,5 +70,6 @@ bool matmul(const char*, DType dtype, int64_t m, int64_t n, int64_t k, Operand a
 Calls calls() { return {taken.load(), declined.load()}; }
 std::string status() { return enabled.load() ? "emulated on the host" : "emulated on the host, turned off"; }
 bool set_enabled(bool on) { return enabled.exchange(on); }
+bool ready() { return enabled.load(); }
 
 }  // namespace opforge::cuda::blaslt

@@ -7,6 +7,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -65,6 +66,7 @@ struct Run {
 };
 
 thread_local Run* active = nullptr;
+std::atomic<Schedule> schedule{Schedule::forward};
 
 std::string describe(const ThreadContext& t) {
   char text[160];
@@ -185,9 +187,11 @@ void run_block(Run& run, const dim3& grid, const dim3& block, const uint3& block
     f.context.uc_link = nullptr;
     makecontext(&f.context, fiber_main, 0);
   }
+  const bool reverse = schedule.load() == Schedule::reverse;
   while (run.live > 0) {
     bool progressed = false;
-    for (Fiber& f : run.fibers) {
+    for (unsigned turn = 0; turn < threads; ++turn) {
+      Fiber& f = run.fibers[reverse ? threads - 1 - turn : turn];
       if (f.state != Fiber::State::ready) continue;
       progressed = true;
       run.running = &f;
@@ -291,6 +295,8 @@ const unsigned char* warp_exchange(unsigned mask, const void* value, size_t size
   return &warp.slots[generation & 1][0][0];
 }
 
+void set_schedule(Schedule s) { schedule.store(s); }
+
 void check_launch_bounds(long long max_threads) {
   const ThreadContext& t = *current;
   const long long threads = 1ll * t.block_dim.x * t.block_dim.y * t.block_dim.z;
@@ -326,9 +332,12 @@ void run_grid(const char* name, dim3 grid, dim3 block, size_t shared_bytes, void
   run.closure = closure;
   active = &run;
   try {
-    for (unsigned z = 0; z < grid.z; ++z)
-      for (unsigned y = 0; y < grid.y; ++y)
-        for (unsigned x = 0; x < grid.x; ++x) run_block(run, grid, block, uint3{x, y, z});
+    const unsigned long long blocks = 1ull * grid.x * grid.y * grid.z;
+    const bool reverse = schedule.load() == Schedule::reverse;
+    for (unsigned long long turn = 0; turn < blocks; ++turn) {
+      const unsigned long long b = reverse ? blocks - 1 - turn : turn;
+      run_block(run, grid, block, uint3{unsigned(b % grid.x), unsigned(b / grid.x % grid.y), unsigned(b / grid.x / grid.y)});
+    }
   } catch (...) {
     active = nullptr;
     throw;

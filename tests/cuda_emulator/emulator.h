@@ -24,6 +24,12 @@ void* allocate(size_t bytes);
 void release(void* p);
 size_t live_allocations();  // allocate()/cudaMallocAsync minus release()/cudaFreeAsync
 
+// The order blocks, and threads within a block, take turns (each runs until it waits at a
+// barrier or a shuffle, or ends). Running a kernel both ways and getting different bits shows a
+// race: a read that only sees the right value when its writer happens to run first.
+enum class Schedule { forward, reverse };
+void set_schedule(Schedule schedule);
+
 // The kernels launched since the last call, oldest first, each as its launch site names it:
 // "cached_kernel<T> (ops/rms_norm/rms_norm_cuda.cu:52)".
 std::vector<std::string> take_launches();

@@ -120,6 +120,23 @@ TEST(CudaEmulatorDeathTest, AnOutOfBoundsReadNamesTheThread) {
   cuda_emu::release(out);
 }
 
+// Thread 0 publishes a value through shared memory without a barrier before the others read it.
+__global__ void missing_barrier(int* out) {
+  __shared__ int value;
+  if (threadIdx.x == 0) value = 42;
+  out[threadIdx.x] = value;
+}
+
+TEST(CudaEmulator, ReversedTurnsExposeAMissingBarrier) {
+  std::vector<int> forward(64), reversed(64);
+  missing_barrier<<<1, 64, 0, nullptr>>>(forward.data());
+  cuda_emu::set_schedule(cuda_emu::Schedule::reverse);
+  missing_barrier<<<1, 64, 0, nullptr>>>(reversed.data());
+  cuda_emu::set_schedule(cuda_emu::Schedule::forward);
+  EXPECT_EQ(forward[63], 42);  // thread 0 happened to write first
+  EXPECT_NE(reversed[63], 42);  // thread 63 read the poisoned value
+}
+
 TEST(CudaEmulator, SharedMemoryStartsAsGarbageInEveryBlock) {
   std::vector<float> out(32, 0.f);
   for (int launch = 0; launch < 2; ++launch) {  // the second launch finds the first one's 1s: poisoned again

@@ -204,12 +204,21 @@ double tolerance(DType dtype) {
   return ::testing::AssertionSuccess();
 }
 
-// Runs the case on the CPU and the emulated GPU and compares; returns the emulated kernels' names.
+// Runs the case on the CPU and the emulated GPU and compares; then again on the GPU with blocks and
+// threads taking turns in reverse, which must give the same bits (opforge's CUDA kernels are
+// deterministic, and a difference is a race). Returns the emulated kernels' names.
 std::vector<std::string> check(const std::string& op, const Inputs& inputs, const std::string& what) {
   const size_t live = cuda_emu::live_allocations();
   const Outcome cpu = run_on("cpu", op, inputs);
   const Outcome gpu = run_on(kEmulated, op, inputs);
   EXPECT_TRUE(same_results(op + " " + what, cpu, gpu));
+  cuda_emu::set_schedule(cuda_emu::Schedule::reverse);
+  const Outcome reversed = run_on(kEmulated, op, inputs);
+  cuda_emu::set_schedule(cuda_emu::Schedule::forward);
+  EXPECT_EQ(reversed.error, gpu.error) << op << " " << what;
+  EXPECT_TRUE(reversed.results == gpu.results)
+      << op << " " << what << ": the results depend on the order the threads run in (a race), kernels "
+      << ::testing::PrintToString(gpu.kernels);
   EXPECT_EQ(cuda_emu::live_allocations(), live) << op << " " << what << ": device memory left allocated";
   return gpu.kernels;
 }

@@ -30,6 +30,10 @@ struct Operand {
 bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const void* bias,
             void* out, DType out_dtype, void* stream, bool accumulate = false);
 
+// Whether matmul can run through cuBLASLt at all: turned on and the library loaded. For callers
+// that would prepare operands only a cuBLASLt product uses (linear_act_backward's half-type parts).
+bool ready();
+
 // Calls matmul ran through cuBLASLt and calls it declined, since the process started (tests
 // check that a case meant for cuBLASLt reached it).
 struct Calls {
