@@ -1,12 +1,18 @@
 # opforge_cuda_emulated_tests: every op's CUDA kernels compiled for the CPU and run by the host
 # emulator (tests/cuda_emulator), against the CPU kernels. Needs the CUDA headers, not a GPU; the
 # kernels' sources are rewritten (rewrite_launches.py: <<<>>> launches) into the build tree first.
-# cuBLASLt is a host stand-in (tests/cuda_emulator/blaslt_standin.cu), not src/backends/cublaslt.cu.
+# cuBLASLt: with its header, opforge's real loader (src/backends/cublaslt.cu) loads a host
+# libcublasLt written from NVIDIA's documented contract (tests/cuda_emulator/cublaslt_mock.cc);
+# without it, a host stand-in for opforge/cuda/blaslt.h (blaslt_standin.cu).
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
 set(emulator_dir ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emulator)
 set(mirror ${CMAKE_CURRENT_BINARY_DIR}/cuda_emulated)
 file(GLOB emulated_inputs CONFIGURE_DEPENDS RELATIVE ${CMAKE_CURRENT_SOURCE_DIR}
      include/opforge/cuda/*.cuh ops/*/*.cu ops/*/*.cuh tests/cuda_emulator/*.cu)
+if(OPFORGE_CUBLASLT_INCLUDE_DIR)
+  list(REMOVE_ITEM emulated_inputs tests/cuda_emulator/blaslt_standin.cu)
+  list(APPEND emulated_inputs src/backends/cublaslt.cu)
+endif()
 set(emulated_sources)
 set(emulated_headers)
 foreach(rel ${emulated_inputs})
@@ -38,4 +44,14 @@ target_link_libraries(opforge_cuda_emulated_tests PRIVATE opforge_core GTest::gt
 set_source_files_properties(${emulated_sources} PROPERTIES COMPILE_OPTIONS
                             "-include;${emulator_dir}/cuda_emulator.h;-O1;-Wno-unknown-pragmas")
 target_compile_options(opforge_cuda_emulated_tests PRIVATE -fvisibility=hidden -fvisibility-inlines-hidden)
+if(OPFORGE_CUBLASLT_INCLUDE_DIR)
+  add_library(opforge_cublaslt_mock SHARED ${emulator_dir}/cublaslt_mock.cc)
+  target_include_directories(opforge_cublaslt_mock PRIVATE ${OPFORGE_CUBLASLT_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS})
+  set_source_files_properties(${mirror}/src/backends/cublaslt.cu.cc PROPERTIES COMPILE_DEFINITIONS OPFORGE_WITH_CUBLASLT=1)
+  target_include_directories(opforge_cuda_emulated_tests PRIVATE ${OPFORGE_CUBLASLT_INCLUDE_DIR})
+  target_compile_definitions(opforge_cuda_emulated_tests PRIVATE
+                             CUDA_EMU_CUBLASLT_MOCK="$<TARGET_FILE:opforge_cublaslt_mock>")
+  target_link_libraries(opforge_cuda_emulated_tests PRIVATE ${CMAKE_DL_LIBS})
+  add_dependencies(opforge_cuda_emulated_tests opforge_cublaslt_mock)
+endif()
 gtest_discover_tests(opforge_cuda_emulated_tests TEST_PREFIX "cuda_emulated." PROPERTIES TIMEOUT 600)

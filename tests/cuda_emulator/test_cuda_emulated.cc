@@ -29,6 +29,15 @@ namespace {
 
 constexpr const char* kEmulated = "cuda_emulated";
 
+#ifdef CUDA_EMU_CUBLASLT_MOCK
+// opforge's cuBLASLt loader finds the host libcublasLt (cublaslt_mock.cc) at its first use.
+[[maybe_unused]] const bool mock_named = setenv("OPFORGE_CUBLASLT", CUDA_EMU_CUBLASLT_MOCK, 1) == 0;
+
+TEST(CudaEmulated, CublasLtIsTheHostLibrary) {
+  EXPECT_NE(cuda::blaslt::status().find(CUDA_EMU_CUBLASLT_MOCK), std::string::npos) << cuda::blaslt::status();
+}
+#endif
+
 enum class Layout { contiguous, misaligned, strided };
 const Layout kLayouts[] = {Layout::contiguous, Layout::misaligned, Layout::strided};
 const char* layout_name(Layout l) {
@@ -491,7 +500,8 @@ TEST_P(AgainstCpu, EveryDtypeShapeAndLayout) {
   const Case& c = cases().at(op);
   std::mt19937 rng(std::hash<std::string>{}(op) & 0xffffffff);
   std::set<std::string> kernels;
-  // The matrix products run on opforge's own kernels, then with cuBLASLt (its host stand-in).
+  // The matrix products run on opforge's own kernels, then with cuBLASLt (the host library
+  // through opforge's loader, or the stand-in).
   const bool products = op.starts_with("linear_act");
   const int64_t taken_before = cuda::blaslt::calls().taken;
   auto run_cases = [&](bool blaslt) {
