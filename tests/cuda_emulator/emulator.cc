@@ -233,8 +233,8 @@ cudaError_t fail_with(cudaError_t e) {
   return e;
 }
 
-// More than this is refused as out of memory, so a test can provoke the error path.
-constexpr size_t kMaxAllocation = size_t{8} << 30;
+// cudaMallocAsync refuses more than this (set_allocation_limit).
+std::atomic<size_t> allocation_limit{size_t{8} << 30};
 
 }  // namespace
 
@@ -368,6 +368,8 @@ void release(void* p) {
   regions().erase(it);
 }
 
+size_t set_allocation_limit(size_t bytes) { return allocation_limit.exchange(bytes); }
+
 size_t live_allocations() {
   std::lock_guard lock(memory_mutex);
   return regions().size();
@@ -431,7 +433,7 @@ class EmulatedCuda final : public opforge::Backend {
 extern "C" {
 
 cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
-  *p = bytes > cuda_emu::kMaxAllocation ? nullptr : cuda_emu::allocate(bytes);
+  *p = bytes > cuda_emu::allocation_limit.load() ? nullptr : cuda_emu::allocate(bytes);
   return *p ? cudaSuccess : cuda_emu::fail_with(cudaErrorMemoryAllocation);
 }
 cudaError_t cudaMalloc(void** p, size_t bytes) { return cudaMallocAsync(p, bytes, nullptr); }

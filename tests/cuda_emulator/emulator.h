@@ -23,6 +23,9 @@ struct KernelFault : std::logic_error {
 void* allocate(size_t bytes);
 void release(void* p);
 size_t live_allocations();  // allocate()/cudaMallocAsync minus release()/cudaFreeAsync
+// cudaMallocAsync refuses more than this with cudaErrorMemoryAllocation (default 8 GiB), so a test
+// can take the out-of-memory path; returns the previous limit.
+size_t set_allocation_limit(size_t bytes);
 
 // The order blocks, and threads within a block, take turns (each runs until it waits at a
 // barrier or a shuffle, or ends). Running a kernel both ways and getting different bits shows a

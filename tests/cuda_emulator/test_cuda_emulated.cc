@@ -556,5 +556,39 @@ TEST(CudaEmulated, LayoutsPickTheirKernels) {
   EXPECT_NE(kernels_for("relu", flat).find("map_contiguous"), std::string::npos);
 }
 
+// An index value out of range is found on the device (read_kernel's atomicMin, copied back) and
+// raised before any result is written, with the CPU kernel's words: the op, the value, its position.
+TEST(CudaEmulated, AnIndexOutOfRangeIsFoundOnTheDevice) {
+  std::mt19937 rng(11);
+  for (DType index_dtype : {DType::int32, DType::int64}) {
+    HostTensor index = make(index_dtype, {6}, Layout::contiguous, rng, [](std::mt19937& r) { return double(r() % 7); });
+    from_double(index.bytes.data() + 3 * dtype_size(index_dtype), index_dtype, 7);
+    from_double(index.bytes.data() + 5 * dtype_size(index_dtype), index_dtype, -1);
+    const Inputs forward{{make(DType::float32, {6, 4}, Layout::contiguous, rng), index}, {int64_t{7}, int64_t{0}}};
+    const Inputs backward{{make(DType::float32, {7, 4}, Layout::contiguous, rng), index}, {int64_t{0}}};
+    for (const auto& [op, in] : {std::pair{"scatter_add", forward}, std::pair{"scatter_add_backward", backward}}) {
+      const Outcome cpu = run_on("cpu", op, in), gpu = run_on(kEmulated, op, in);
+      EXPECT_NE(gpu.error.find("got 7 at position 3"), std::string::npos) << op << ": " << gpu.error;
+      EXPECT_EQ(gpu.error, cpu.error) << op;
+    }
+  }
+}
+
+// A workspace the device cannot hold raises a runtime error naming the op, and the next op runs
+// (the runtime keeps a failed call's status as its last error until someone reads it).
+TEST(CudaEmulated, OutOfMemoryIsReportedOnce) {
+  std::mt19937 rng(12);
+  const size_t limit = cuda_emu::set_allocation_limit(size_t{1} << 20);
+  const Inputs in{{make(DType::float16, {3, 1}, Layout::contiguous, rng),
+                   make(DType::int64, {3}, Layout::contiguous, rng, [](std::mt19937&) { return 0.0; })},
+                  {int64_t{1} << 18, int64_t{0}}};  // bucket starts: 2 MiB of workspace
+  const Outcome failed = run_on(kEmulated, "scatter_add", in);
+  cuda_emu::set_allocation_limit(limit);
+  EXPECT_NE(failed.error.find("scatter_add(): cudaMallocAsync failed: out of memory"), std::string::npos)
+      << failed.error;
+  const Outcome next = run_on(kEmulated, "add_one", {{make(DType::float32, {8}, Layout::contiguous, rng)}, {}});
+  EXPECT_EQ(next.error, "");
+}
+
 }  // namespace
 }  // namespace opforge
