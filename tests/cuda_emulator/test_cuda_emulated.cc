@@ -7,7 +7,9 @@
 // Workspaces must all be freed again. No GPU is needed; nothing here times anything.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -86,7 +88,8 @@ struct HostTensor {
 using Fill = std::function<double(std::mt19937&)>;
 double normal(std::mt19937& rng) { return std::normal_distribution<double>(0, 1)(rng); }
 
-// Random values from `fill`, or normal ones (integers: normal x 1000, rounded) without one.
+// Random values from `fill`, or normal ones without one (integers: normal x 1000, rounded, and one
+// in eight the type's extremes).
 HostTensor make(DType dtype, std::vector<int64_t> shape, Layout layout, std::mt19937& rng, const Fill& fill = {}) {
   HostTensor t{dtype, shape, contiguous_strides(shape)};
   if (layout == Layout::strided) t.strides = testing::random_strides(shape, rng);
@@ -101,9 +104,21 @@ HostTensor make(DType dtype, std::vector<int64_t> shape, Layout layout, std::mt1
   t.bytes.resize(std::max<int64_t>(elements, 1) * size);
   const bool integral = dtype == DType::int32 || dtype == DType::int64;
   for (int64_t i = 0; i < elements; ++i) {
+    unsigned char* at = t.bytes.data() + i * size;
+    if (integral && !fill && rng() % 8 == 0) {  // the type's extremes: sums and products wrap
+      const int64_t big = dtype == DType::int32 ? INT32_MAX : INT64_MAX;
+      const int64_t v = std::vector<int64_t>{big, -big - 1, big - 1, -big}[rng() % 4];
+      if (dtype == DType::int32) {
+        const int32_t v32 = int32_t(v);
+        std::memcpy(at, &v32, 4);
+      } else {
+        std::memcpy(at, &v, 8);
+      }
+      continue;
+    }
     double v = fill ? fill(rng) : normal(rng);
     if (integral) v = std::round(fill ? v : v * 1000);
-    from_double(t.bytes.data() + i * size, dtype, v);
+    from_double(at, dtype, v);
   }
   return t;
 }
@@ -201,7 +216,10 @@ double tolerance(DType dtype) {
     for (int64_t i = 0; i < n; ++i) {
       const double c = to_double(cpu.results[r].data() + i * size, dtype);
       const double g = to_double(gpu.results[r].data() + i * size, dtype);
-      const bool ok = std::isnan(c) ? std::isnan(g) : std::abs(g - c) <= tolerance(dtype) * (std::abs(c) + rms) || g == c;
+      const bool ok = tolerance(dtype) == 0  // integers and bytes: exactly, bit for bit
+                          ? std::memcmp(cpu.results[r].data() + i * size, gpu.results[r].data() + i * size, size) == 0
+                      : std::isnan(c) ? std::isnan(g)
+                                      : std::abs(g - c) <= tolerance(dtype) * (std::abs(c) + rms) || g == c;
       if (!ok && bad++ == 0) first = i, first_cpu = c, first_gpu = g;
     }
     if (bad)
