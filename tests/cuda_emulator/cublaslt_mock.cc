@@ -36,6 +36,22 @@ std::mutex mutex;
 std::map<const void*, Layout> layouts;
 std::map<const void*, Desc> descs;
 
+// An opaque object of the header's type, its state kept beside it.
+template <class Opaque, class State>
+cublasStatus_t create(Opaque** object, std::map<const void*, State>& table, State state) {
+  *object = new Opaque{};
+  std::lock_guard lock(mutex);
+  table[*object] = state;
+  return CUBLAS_STATUS_SUCCESS;
+}
+template <class Opaque, class State>
+cublasStatus_t destroy(Opaque* object, std::map<const void*, State>& table) {
+  std::lock_guard lock(mutex);
+  table.erase(object);
+  delete object;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 cublasStatus_t inconsistent(const char* what) {
   std::fprintf(stderr, "cublaslt mock: inconsistent call: %s\n", what);
   return CUBLAS_STATUS_INTERNAL_ERROR;
@@ -97,17 +113,9 @@ cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
 }
 
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute, cudaDataType_t scale) {
-  *desc = new cublasLtMatmulDescOpaque_t{};
-  std::lock_guard lock(mutex);
-  descs[*desc] = {compute, scale};
-  return CUBLAS_STATUS_SUCCESS;
+  return create(desc, descs, Desc{compute, scale});
 }
-cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
-  std::lock_guard lock(mutex);
-  descs.erase(desc);
-  delete desc;
-  return CUBLAS_STATUS_SUCCESS;
-}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) { return destroy(desc, descs); }
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
                                               const void* buf, size_t size) {
   std::lock_guard lock(mutex);
@@ -137,17 +145,9 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type, uint64_t rows,
                                           uint64_t cols, int64_t ld) {
   if (ld < int64_t(rows) && cols > 1) return inconsistent("leading dimension below the row count");
-  *layout = new cublasLtMatrixLayoutOpaque_t{};
-  std::lock_guard lock(mutex);
-  layouts[*layout] = {type, rows, cols, ld};
-  return CUBLAS_STATUS_SUCCESS;
+  return create(layout, layouts, Layout{type, rows, cols, ld});
 }
-cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
-  std::lock_guard lock(mutex);
-  layouts.erase(layout);
-  delete layout;
-  return CUBLAS_STATUS_SUCCESS;
-}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) { return destroy(layout, layouts); }
 
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
   *pref = new cublasLtMatmulPreferenceOpaque_t{};
