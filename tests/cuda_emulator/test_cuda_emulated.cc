@@ -130,7 +130,7 @@ struct Inputs {
 };
 
 // One run of an op on a backend: the results' bytes, or the error it raised, and the kernels the
-// emulator launched.
+// emulator launched. On the emulated device, an input whose storage changed fails the test.
 struct Outcome {
   Outputs specs;
   std::vector<std::vector<unsigned char>> results;
@@ -175,6 +175,10 @@ Outcome run_on(const std::string& backend, const std::string& name, const Inputs
   }
   set_backend_override("", "");
   out.kernels = cuda_emu::take_launches();
+  // The inputs' storage (gaps between strided elements too) is as it was: no stray writes.
+  for (size_t i = 0, d = 0; emulated && i < inputs.tensors.size(); ++i)
+    if (inputs.tensors[i] && std::memcmp(device_memory[d++], inputs.tensors[i]->bytes.data(), inputs.tensors[i]->bytes.size()))
+      ADD_FAILURE() << name << ": input " << i << " changed on the device";
   for (void* p : device_memory) cuda_emu::release(p);
   return out;
 }
