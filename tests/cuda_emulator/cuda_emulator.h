@@ -74,11 +74,13 @@ struct Launch {
   Kernel kernel;
   dim3 grid, block;
   size_t shared_bytes;
+  cudaStream_t stream;
 
   // The arguments are copied once, as a launch copies them to the device; each thread's call gets
   // its own copy of those (the kernel's parameters are by value).
   template <class... Args>
   void operator()(Args&&... args) const {
+    record_stream_use(name, stream);
     std::tuple<std::decay_t<Args>...> params(std::forward<Args>(args)...);
     auto body = [&] { std::apply(kernel, params); };
     run_grid(name, grid, block, shared_bytes, [](void* c) { (*static_cast<decltype(body)*>(c))(); }, &body);
@@ -87,8 +89,8 @@ struct Launch {
 
 template <class Kernel>
 Launch<Kernel> launch(const char* name, Kernel kernel, dim3 grid, dim3 block, size_t shared_bytes = 0,
-                      cudaStream_t = nullptr) {
-  return {name, kernel, grid, block, shared_bytes};
+                      cudaStream_t stream = nullptr) {
+  return {name, kernel, grid, block, shared_bytes, stream};
 }
 
 template <class T>

@@ -381,6 +381,23 @@ std::vector<std::string> take_launches() {
 }
 
 namespace {
+std::vector<StreamUse>& stream_uses() {
+  static std::vector<StreamUse> uses;
+  return uses;
+}
+}  // namespace
+
+void record_stream_use(std::string what, const void* stream) {
+  std::lock_guard lock(launches_mutex);
+  stream_uses().push_back({std::move(what), stream});
+}
+
+std::vector<StreamUse> take_stream_uses() {
+  std::lock_guard lock(launches_mutex);
+  return std::exchange(stream_uses(), {});
+}
+
+namespace {
 std::set<std::string>& sites() {
   static std::set<std::string> table;
   return table;
@@ -432,30 +449,40 @@ class EmulatedCuda final : public opforge::Backend {
 // finished when it returns.
 extern "C" {
 
-cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t stream) {
+  cuda_emu::record_stream_use("cudaMallocAsync", stream);
   *p = bytes > cuda_emu::allocation_limit.load() ? nullptr : cuda_emu::allocate(bytes);
   return *p ? cudaSuccess : cuda_emu::fail_with(cudaErrorMemoryAllocation);
 }
-cudaError_t cudaMalloc(void** p, size_t bytes) { return cudaMallocAsync(p, bytes, nullptr); }
-cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
+cudaError_t cudaMalloc(void** p, size_t bytes) { return cudaMallocAsync(p, bytes, nullptr); }  // recorded as the legacy stream's
+cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
+  cuda_emu::record_stream_use("cudaFreeAsync", stream);
   cuda_emu::release(p);
   return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) { return cudaFreeAsync(p, nullptr); }
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
+  cuda_emu::record_stream_use("cudaMemsetAsync", stream);
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) { return cudaMemsetAsync(p, value, bytes, nullptr); }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t stream) {
+  cuda_emu::record_stream_use("cudaMemcpyAsync", stream);
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  cuda_emu::record_stream_use("cudaStreamSynchronize", stream);
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() {
+  cuda_emu::record_stream_use("cudaDeviceSynchronize", nullptr);
+  return cudaSuccess;
+}
 cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;

@@ -37,6 +37,15 @@ void set_schedule(Schedule schedule);
 // "cached_kernel<T> (ops/rms_norm/rms_norm_cuda.cu:52)".
 std::vector<std::string> take_launches();
 
+// Each launch and each CUDA runtime call that runs on a stream, with that stream (nullptr for the
+// legacy default stream, which the calls without a stream argument use), since the last call.
+struct StreamUse {
+  std::string what;
+  const void* stream;
+};
+std::vector<StreamUse> take_stream_uses();
+void record_stream_use(std::string what, const void* stream);
+
 // Every launch site of the emulated sources, declared by each rewritten file at load time.
 bool declare_launch_sites(std::initializer_list<const char*> sites);
 std::vector<std::string> launch_sites();  // sorted

@@ -30,6 +30,8 @@ namespace opforge {
 namespace {
 
 constexpr const char* kEmulated = "cuda_emulated";
+// The stream the tests hand the kernels, as a framework would hand its current one.
+void* const kCallerStream = reinterpret_cast<void*>(0x5eed);
 
 #ifdef CUDA_EMU_CUBLASLT_MOCK
 // opforge's cuBLASLt loader finds the host libcublasLt (cublaslt_mock.cc) at its first use.
@@ -157,6 +159,7 @@ Outcome run_on(const std::string& backend, const std::string& name, const Inputs
 
   Outcome out;
   cuda_emu::take_launches();
+  cuda_emu::take_stream_uses();
   set_backend_override("", backend);
   try {
     out.specs = infer_outputs(op, in);
@@ -167,7 +170,7 @@ Outcome run_on(const std::string& backend, const std::string& name, const Inputs
       out.results.emplace_back(size_t(n * dtype_size(spec.dtype)), 0xff);
       views.push_back(testing::view(place(out.results.back()), spec.dtype, spec.shape, {}, device));
     }
-    run_kernel(op, select_kernel(op, in), in, views, nullptr);
+    run_kernel(op, select_kernel(op, in), in, views, emulated ? kCallerStream : nullptr);
     for (size_t i = 0; i < views.size(); ++i)
       if (!out.results[i].empty()) std::memcpy(out.results[i].data(), views[i].data, out.results[i].size());
   } catch (const Error& e) {
@@ -175,6 +178,9 @@ Outcome run_on(const std::string& backend, const std::string& name, const Inputs
   }
   set_backend_override("", "");
   out.kernels = cuda_emu::take_launches();
+  for (const auto& use : cuda_emu::take_stream_uses())  // all on the caller's stream, never another
+    if (emulated && use.stream != kCallerStream)
+      ADD_FAILURE() << name << ": " << use.what << " on stream " << use.stream << ", not the caller's";
   // The inputs' storage (gaps between strided elements too) is as it was: no stray writes.
   for (size_t i = 0, d = 0; emulated && i < inputs.tensors.size(); ++i)
     if (inputs.tensors[i] && std::memcmp(device_memory[d++], inputs.tensors[i]->bytes.data(), inputs.tensors[i]->bytes.size()))

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -20,13 +21,14 @@ struct DeviceRadixSort {
   template <class Key, class Value, class Count>
   static cudaError_t SortPairs(void* storage, size_t& storage_bytes, const Key* keys_in, Key* keys_out,
                                const Value* values_in, Value* values_out, Count count, int begin_bit = 0,
-                               int end_bit = int(sizeof(Key) * 8), cudaStream_t = nullptr) {
+                               int end_bit = int(sizeof(Key) * 8), cudaStream_t stream = nullptr) {
     static_assert(std::is_unsigned_v<Key>, "the emulated radix sort orders unsigned keys");
     const size_t n = static_cast<size_t>(count);
     if (!storage) {  // CUB asks for storage of its own; so does this, so the caller's sizing is used
       storage_bytes = 16 + n;
       return cudaSuccess;
     }
+    cuda_emu::record_stream_use("cub::DeviceRadixSort::SortPairs", stream);
     if (storage_bytes < 16 + n) throw cuda_emu::KernelFault("cub::DeviceRadixSort::SortPairs: storage smaller than sized");
     const int bits = end_bit - begin_bit;
     const Key mask = bits >= int(sizeof(Key) * 8) ? ~Key{0} : (Key{1} << bits) - 1;
