@@ -322,11 +322,19 @@ Case binary_backward() {
 
 Shape last(const Shape& s) { return {s.back()}; }
 
+// The backward ops also get one tall shape, contiguous only (the fused kernels' layout): more rows
+// than their chunks (row_chunks: 2048 at most), so chunks hold several rows in every dtype, and the
+// column sums combine hundreds of chunks (eight loads ahead, then the rest).
+const Shape kTallRows = {2500, 512};
+
 Case norm(bool layer, bool backward) {
   const int variants = backward ? 3 : layer ? 2 : 1;  // output masks, or with and without a bias
-  return {int(kRows.size()) * variants, [=](DType d, int s, Layout l, std::mt19937& rng) {
-            const Shape& shape = kRows[s / variants];
-            const int v = s % variants;
+  const int shapes = int(kRows.size()) * variants + (backward ? 1 : 0);
+  return {shapes, [=](DType d, int s, Layout l, std::mt19937& rng) {
+            const bool tall = s == int(kRows.size()) * variants;
+            if (tall && l != Layout::contiguous) return Inputs{};  // skipped
+            const Shape& shape = tall ? kTallRows : kRows[s / variants];
+            const int v = tall ? 0 : s % variants;
             auto positive = [](std::mt19937& r) { return 0.5 + std::uniform_real_distribution<double>(0, 1)(r); };
             Inputs in;
             if (backward) in.tensors.push_back(make(d, shape, l, rng));
@@ -335,15 +343,6 @@ Case norm(bool layer, bool backward) {
             if (layer && !backward) in.tensors.push_back(v ? std::optional(make(d, last(shape), l, rng)) : std::nullopt);
             in.attrs.push_back(layer ? 1e-5 : 1e-6);
             if (backward) in.attrs.push_back(std::vector<int64_t>{-1, 1, layer ? 6 : 2}[v]);
-            return in;
-          }};
-}
-
-// Enough rows that the fused backward kernels give each chunk several (row_chunks: 256 or more).
-Case norm_backward_many_rows(bool layer) {
-  return {2, [=](DType d, int s, Layout l, std::mt19937& rng) {
-            const Shape shape = s == 0 ? Shape{1100, 32} : Shape{600, 72};
-            Inputs in{{make(d, shape, l, rng), make(d, shape, l, rng), make(d, last(shape), l, rng)}, {1e-5, int64_t{-1}}};
             return in;
           }};
 }
@@ -523,13 +522,13 @@ bool needs_four_billion_elements(const std::string& site) { return site.starts_w
 
 class AgainstCpu : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(AgainstCpu, EveryDtypeShapeAndLayout) {
-  const std::string op = GetParam();
+// Every case of `op` (every dtype its CUDA kernel registers, every shape and layout; the matrix
+// products on opforge's own kernels, then through cuBLASLt: the host library through opforge's
+// loader, or the stand-in), each checked; returns the launch sites that ran.
+std::set<std::string> run_all_cases(const std::string& op) {
   const Case& c = cases().at(op);
   std::mt19937 rng(std::hash<std::string>{}(op) & 0xffffffff);
   std::set<std::string> kernels;
-  // The matrix products run on opforge's own kernels, then with cuBLASLt (the host library
-  // through opforge's loader, or the stand-in).
   const bool products = op.starts_with("linear_act");
   const int64_t taken_before = cuda::blaslt::calls().taken;
   auto run_cases = [&](bool blaslt) {
@@ -537,6 +536,7 @@ TEST_P(AgainstCpu, EveryDtypeShapeAndLayout) {
       for (int s = 0; s < c.shapes; ++s)
         for (Layout layout : kLayouts) {
           const Inputs in = c.inputs(dtype, s, layout, rng);
+          if (in.tensors.empty()) continue;  // the case has no such layout
           std::string what = std::string(dtype_name(dtype)) + " " + layout_name(layout) + " case " +
                              std::to_string(s) + (blaslt ? " (cuBLASLt)" : "");
           for (const auto& t : in.tensors) what += " " + (t ? shape_text(t->shape) : std::string("None"));
@@ -548,17 +548,37 @@ TEST_P(AgainstCpu, EveryDtypeShapeAndLayout) {
     cuda::blaslt::set_enabled(blaslt);
     run_cases(blaslt);
     cuda::blaslt::set_enabled(false);
-    if (::testing::Test::HasFailure()) return;
+    if (::testing::Test::HasFailure()) return kernels;
   }
   if (products) EXPECT_GT(cuda::blaslt::calls().taken, taken_before) << "no product went through cuBLASLt";
   EXPECT_FALSE(kernels.empty()) << op << ": no kernel ran in any case";
-  // Each launch site in the op's own folder ran in some case (the cases reach every variant).
-  const std::string folder = "(ops/" + op + "/";
-  for (const auto& site : cuda_emu::launch_sites())
-    if (site.find(folder) != std::string::npos && !kernels.count(site) && !needs_four_billion_elements(site))
-      ADD_FAILURE() << op << ": no case reached " << site;
   if (std::getenv("CUDA_EMU_VERBOSE"))
     for (const auto& k : kernels) std::fprintf(stderr, "%s ran %s\n", op.c_str(), k.c_str());
+  return kernels;
+}
+
+// Each launch site under `folder` that `kernels` lacks is a failure (the cases reach every variant).
+void expect_reached(const std::set<std::string>& kernels, const std::string& folder, const std::string& by) {
+  for (const auto& site : cuda_emu::launch_sites())
+    if (site.find("(" + folder) != std::string::npos && !kernels.count(site) && !needs_four_billion_elements(site))
+      ADD_FAILURE() << by << ": no case reached " << site;
+}
+
+TEST_P(AgainstCpu, EveryDtypeShapeAndLayout) {
+  const std::string op = GetParam();
+  const auto kernels = run_all_cases(op);
+  if (!HasFailure()) expect_reached(kernels, "ops/" + op + "/", op);
+}
+
+// The shared kernels in include/opforge/cuda (elementwise maps, reductions to a broadcast shape,
+// activations, the quantizer): reached by the cases of the ops that use them.
+TEST(CudaEmulated, SharedKernelsAreReached) {
+  std::set<std::string> kernels;
+  for (const char* op : {"add", "add_backward", "relu", "relu_backward", "quantize_q8_0"}) {
+    const auto ran = run_all_cases(op);
+    kernels.insert(ran.begin(), ran.end());
+  }
+  if (!HasFailure()) expect_reached(kernels, "include/opforge/cuda/", "the shared kernels");
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, AgainstCpu, ::testing::ValuesIn(emulated_ops()),
