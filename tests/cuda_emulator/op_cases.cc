@@ -1,0 +1,243 @@
+// The cases of op_cases.h.
+#include "op_cases.h"
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace opforge::emulated {
+namespace {
+
+using Shape = std::vector<int64_t>;
+
+const std::vector<Shape> kElementwise = {{0}, {1}, {7}, {3, 33}, {2, 3, 129}, {4100}};
+const std::vector<std::pair<Shape, Shape>> kBroadcast = {
+    {{5}, {5}}, {{3, 1}, {1, 4}}, {{2, 3, 33}, {33}}, {{4097}, {4097}}, {{0, 3}, {3}}, {{6, 1, 5}, {4, 1}},
+    {{700, 3}, {3}}, {{3, 700}, {3, 1}}};  // the last two: long sums along and across the inner dimension
+const std::vector<Shape> kRows = {{0, 8}, {1, 1}, {3, 33}, {5, 256}, {2, 3, 64}, {2, 4096}, {3, 8200}, {70, 40}};
+
+Shape broadcast(Shape a, Shape b) {
+  if (a.size() < b.size()) std::swap(a, b);
+  for (size_t i = 0; i < b.size(); ++i) {
+    int64_t& d = a[a.size() - b.size() + i];
+    d = d == 1 ? b[i] : d;
+  }
+  return a;
+}
+
+Case unary(std::vector<AttrValue> attrs = {}) {
+  return {int(kElementwise.size()), [attrs](DType d, int s, Layout l, std::mt19937& rng) {
+            return Inputs{{make(d, kElementwise[s], l, rng)}, attrs};
+          }};
+}
+// grad and one saved tensor of the same shape (relu_backward, silu_backward, ...).
+Case unary_backward(int tensors, std::vector<AttrValue> attrs = {}) {
+  return {int(kElementwise.size()), [tensors, attrs](DType d, int s, Layout l, std::mt19937& rng) {
+            Inputs in{{}, attrs};
+            for (int i = 0; i < tensors; ++i) in.tensors.push_back(make(d, kElementwise[s], l, rng));
+            return in;
+          }};
+}
+Case binary() {
+  return {int(kBroadcast.size()), [](DType d, int s, Layout l, std::mt19937& rng) {
+            return Inputs{{make(d, kBroadcast[s].first, l, rng), make(d, kBroadcast[s].second, l, rng)}, {}};
+          }};
+}
+Case binary_backward() {
+  return {int(kBroadcast.size()) * 3, [](DType d, int s, Layout l, std::mt19937& rng) {
+            const auto& [x, y] = kBroadcast[s / 3];
+            const int64_t mask = std::vector<int64_t>{-1, 1, 2}[s % 3];
+            return Inputs{{make(d, broadcast(x, y), l, rng), make(d, x, l, rng), make(d, y, l, rng)}, {mask}};
+          }};
+}
+
+Shape last(const Shape& s) { return {s.back()}; }
+
+// The backward ops also get one tall shape, contiguous only (the fused kernels' layout): more rows
+// than their chunks (row_chunks: 2048 at most), so chunks hold several rows in every dtype, and the
+// column sums combine hundreds of chunks (eight loads ahead, then the rest).
+const Shape kTallRows = {2500, 512};
+
+Case norm(bool layer, bool backward) {
+  const int variants = backward ? 3 : layer ? 2 : 1;  // output masks, or with and without a bias
+  const int shapes = int(kRows.size()) * variants + (backward ? 1 : 0);
+  return {shapes, [=](DType d, int s, Layout l, std::mt19937& rng) {
+            const bool tall = s == int(kRows.size()) * variants;
+            if (tall && l != Layout::contiguous) return Inputs{};  // skipped
+            const Shape& shape = tall ? kTallRows : kRows[s / variants];
+            const int v = tall ? 0 : s % variants;
+            auto positive = [](std::mt19937& r) { return 0.5 + std::uniform_real_distribution<double>(0, 1)(r); };
+            Inputs in;
+            if (backward) in.tensors.push_back(make(d, shape, l, rng));
+            in.tensors.push_back(make(d, shape, l, rng));
+            in.tensors.push_back(make(d, last(shape), l, rng, positive));
+            if (layer && !backward) in.tensors.push_back(v ? std::optional(make(d, last(shape), l, rng)) : std::nullopt);
+            in.attrs.push_back(layer ? 1e-5 : 1e-6);
+            if (backward) in.attrs.push_back(std::vector<int64_t>{-1, 1, layer ? 6 : 2}[v]);
+            return in;
+          }};
+}
+
+Case softmax(bool backward) {
+  return {int(kRows.size()), [=](DType d, int s, Layout l, std::mt19937& rng) {
+            Inputs in{{make(d, kRows[s], l, rng)}, {}};
+            if (backward) in.tensors.push_back(make(d, kRows[s], l, rng));
+            return in;
+          }};
+}
+
+const char* const kActs[] = {"none", "relu", "gelu", "gelu_tanh", "silu"};
+struct Product {
+  Shape x;
+  int64_t n;
+};
+const std::vector<Product> kProducts = {{{0, 4}, 3}, {{1, 1}, 1},      {{5, 3}, 7},     {{33, 65}, 17},
+                                        {{2, 3, 40}, 9}, {{70, 130}, 66}, {{600, 8}, 5}};  // the last: grad_bias a long sum
+
+Case linear(bool backward) {
+  const int variants = 5 * 2;  // act x (bias or none)
+  return {int(kProducts.size()) * variants, [=](DType d, int s, Layout l, std::mt19937& rng) {
+            const Product& p = kProducts[s / variants];
+            const char* act = kActs[s % variants / 2];
+            const bool bias = s % 2 == 0;
+            const int64_t k = p.x.back();
+            const double scale = 1 / std::sqrt(double(std::max<int64_t>(k, 1)));
+            auto scaled = [scale](std::mt19937& r) { return normal(r) * scale; };
+            Shape out = p.x;
+            out.back() = p.n;
+            Inputs in;
+            if (backward) in.tensors.push_back(make(d, out, l, rng));
+            in.tensors.push_back(make(d, p.x, l, rng));
+            in.tensors.push_back(make(d, {p.n, k}, l, rng, scaled));
+            in.tensors.push_back(bias ? std::optional(make(d, {p.n}, l, rng)) : std::nullopt);
+            if (backward)  // the saved pre-activation, or none (recomputed)
+              in.tensors.push_back(s % 4 < 2 ? std::optional(make(d, out, l, rng)) : std::nullopt);
+            in.attrs.push_back(std::string(act));
+            if (backward) in.attrs.push_back(std::vector<int64_t>{-1, 1, 2, 4, 3}[s % 5]);
+            return in;
+          }};
+}
+
+Case rope(bool backward) {
+  const std::vector<Shape> shapes = {{1, 1, 1, 2}, {2, 5, 3, 8}, {1, 7, 2, 66}, {3, 4, 1, 128}, {0, 4, 2, 8}};
+  return {int(shapes.size()) * 2, [=](DType d, int s, Layout l, std::mt19937& rng) {
+            const Shape& x = shapes[s / 2];
+            const Shape table = {x[x.size() - 3], x.back() / 2};
+            auto angle_cos = [](std::mt19937& r) { return std::cos(std::uniform_real_distribution<double>(0, 6.3)(r)); };
+            return Inputs{{make(d, x, l, rng), make(d, table, l, rng, angle_cos), make(d, table, l, rng, angle_cos)},
+                          {bool(s % 2)}};
+          }};
+  (void)backward;
+}
+
+Case scatter(bool backward) {
+  struct S {
+    Shape src;
+    int64_t dim, dim_size;
+  };
+  const std::vector<S> shapes = {{{0, 3}, 0, 4}, {{9, 5}, 0, 16}, {{40, 33}, 0, 3}, {{3, 50, 2}, 1, 7}, {{7}, 0, 1}};
+  return {int(shapes.size()) * 2, [=](DType d, int s, Layout l, std::mt19937& rng) {
+            const S& c = shapes[s / 2];
+            const DType index_dtype = s % 2 ? DType::int32 : DType::int64;
+            const int64_t n = c.src[c.dim];
+            auto bucket = [&c](std::mt19937& r) { return double(r() % c.dim_size); };
+            HostTensor index = make(index_dtype, {n}, l == Layout::strided ? l : Layout::contiguous, rng, bucket);
+            if (!backward) return Inputs{{make(d, c.src, l, rng), index}, {c.dim_size, c.dim}};
+            Shape grad = c.src;
+            grad[c.dim] = c.dim_size;
+            return Inputs{{make(d, grad, l, rng), index}, {c.dim}};
+          }};
+}
+
+// Values of x spread over orders of magnitude per 32-block, as quantize_q8_0's sample does.
+double spread(std::mt19937& rng) { return normal(rng) * std::pow(10.0, std::uniform_int_distribution<int>(-3, 3)(rng)); }
+
+const std::vector<Shape> kQuantRows = {{0, 32}, {1, 32}, {3, 64}, {5, 160}, {2, 3, 96}};
+
+Case quantize() {
+  return {int(kQuantRows.size()), [](DType d, int s, Layout l, std::mt19937& rng) {
+            return Inputs{{make(d, kQuantRows[s], l, rng, spread)}, {}};
+          }};
+}
+
+// Quantized bytes of random rows, by the CPU quantizer: packed, one byte in (misaligned), or with
+// rows three bytes apart (strided).
+HostTensor quantized(const std::string& format, Shape rows, std::mt19937& rng, Layout layout = Layout::contiguous) {
+  const HostTensor x = make(DType::float32, rows, Layout::contiguous, rng);
+  const Outcome q = run_on("cpu", "quantize_" + format, {{x}, {}});
+  EXPECT_EQ(q.error, "");
+  const Shape shape = q.specs[0].shape;
+  HostTensor t{DType::uint8, shape, contiguous_strides(shape)};
+  const int64_t row = shape.back(), count = int64_t(q.results[0].size()) / std::max<int64_t>(row, 1);
+  const int64_t pitch = layout == Layout::strided ? row + 3 : row;
+  t.offset = layout == Layout::misaligned ? 1 : 0;
+  if (layout == Layout::strided)
+    for (size_t d = 0; d + 1 < shape.size(); ++d) t.strides[d] = t.strides[d] / row * pitch;
+  t.bytes.assign(size_t(t.offset + count * pitch + 1), 0xee);
+  for (int64_t r = 0; r < count; ++r)
+    std::memcpy(t.bytes.data() + t.offset + r * pitch, q.results[0].data() + r * row, size_t(row));
+  return t;
+}
+
+Case dequantize() {
+  return {int(kQuantRows.size()) * 2, [](DType, int s, Layout l, std::mt19937& rng) {
+            const std::string format = s % 2 ? "q4_0" : "q8_0";
+            return Inputs{{quantized(format, kQuantRows[s / 2], rng, l)}, {format}};
+          }};
+}
+
+Case matmul_q() {
+  const std::vector<Product> shapes = {{{0, 32}, 3}, {{1, 32}, 1}, {{5, 64}, 7}, {{9, 96}, 33}, {{2, 3, 64}, 5}};
+  return {int(shapes.size()) * 2, [=](DType d, int s, Layout l, std::mt19937& rng) {
+            const Product& p = shapes[s / 2];
+            const std::string format = s % 2 ? "q4_0" : "q8_0";
+            return Inputs{{make(d, p.x, l, rng), quantized(format, {p.n, p.x.back()}, rng)}, {format}};
+          }};
+}
+
+}  // namespace
+
+const std::map<std::string, Case>& cases() {
+  static const std::map<std::string, Case> table = {
+      {"add", binary()},
+      {"mul", binary()},
+      {"add_one", unary()},
+      {"relu", unary()},
+      {"silu", unary()},
+      {"gelu", {int(kElementwise.size()) * 2, [](DType d, int s, Layout l, std::mt19937& rng) {
+                  return Inputs{{make(d, kElementwise[s / 2], l, rng)}, {std::string(s % 2 ? "tanh" : "none")}};
+                }}},
+      {"add_one_backward", unary_backward(1)},
+      {"relu_backward", unary_backward(2)},
+      {"silu_backward", unary_backward(2)},
+      {"gelu_backward", {int(kElementwise.size()) * 2, [](DType d, int s, Layout l, std::mt19937& rng) {
+                           return Inputs{{make(d, kElementwise[s / 2], l, rng), make(d, kElementwise[s / 2], l, rng)},
+                                         {std::string(s % 2 ? "tanh" : "none")}};
+                         }}},
+      {"add_backward", binary_backward()},
+      {"mul_backward", binary_backward()},
+      {"rms_norm", norm(false, false)},
+      {"layer_norm", norm(true, false)},
+      {"rms_norm_backward", norm(false, true)},
+      {"layer_norm_backward", norm(true, true)},
+      {"softmax", softmax(false)},
+      {"softmax_backward", softmax(true)},
+      {"linear_act", linear(false)},
+      {"linear_act_with_preact", linear(false)},
+      {"linear_act_backward", linear(true)},
+      {"rope", rope(false)},
+      {"rope_backward", rope(true)},
+      {"scatter_add", scatter(false)},
+      {"scatter_add_backward", scatter(true)},
+      {"quantize_q8_0", quantize()},
+      {"quantize_q4_0", quantize()},
+      {"dequantize", dequantize()},
+      {"matmul_q", matmul_q()},
+  };
+  return table;
+}
+
+
+}  // namespace opforge::emulated
