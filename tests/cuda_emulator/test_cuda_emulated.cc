@@ -45,7 +45,7 @@ std::vector<std::string> emulated_ops() {
 TEST(CudaEmulated, EveryCudaKernelHasACase) {
   const auto names = emulated_ops();
   EXPECT_GE(names.size(), 25u);  // the emulated kernels registered at all
-  for (const auto& name : names) EXPECT_TRUE(cases().count(name)) << name << " has a CUDA kernel but no case here";
+  for (const auto& name : names) EXPECT_TRUE(cases().count(name)) << name << " has a CUDA kernel but no case in tests/cuda_emulator/op_cases.cc";
 }
 
 // Variants for more than 2^32 elements (64-bit indexing), beyond what the emulator can run.
