@@ -3,7 +3,7 @@
 // stream>>>(args)` into a cuda_emu::launch and sends the sources' kernel registrations to the
 // "cuda_emulated" backend; the compiler then force-includes this file ahead of each source.
 //
-// A launch runs its blocks one after another; each GPU thread of a block is a fiber (ucontext)
+// A launch runs its blocks one after another; each GPU thread of a block is a fiber (a stack of its own)
 // running the kernel's code as written. A fiber runs until it meets __syncthreads or a warp
 // operation, where it waits for the threads that operation needs, so the kernels' barriers and
 // shuffles mean what they mean on the GPU, and misuse the hardware would punish (a barrier only

@@ -32,9 +32,77 @@ constexpr size_t kPage = 4096;
 constexpr size_t kStackBytes = 256 << 10;
 constexpr unsigned kMaxBlockThreads = 1024;
 
+// Where a fiber (or the scheduler) stopped. On x86-64 a switch saves the callee-saved registers
+// and the stack pointer and loads another's (swapcontext would also save the signal mask, a
+// system call on every switch: half the emulator's time); elsewhere, ucontext.
+#if defined(__x86_64__)
+struct Context {
+  void* sp = nullptr;
+};
+extern "C" void cuda_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .globl cuda_emu_switch
+  .hidden cuda_emu_switch
+  .type cuda_emu_switch, @function
+cuda_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size cuda_emu_switch, .-cuda_emu_switch
+)");
+
+void switch_context(Context& from, Context& to) { cuda_emu_switch(&from.sp, to.sp); }
+
+// A frame cuda_emu_switch can load: the default MXCSR and x87 control word, zeroed registers, and
+// `entry` as the return address, placed so that entry starts with the stack as a call leaves it
+// (rsp = 8 mod 16, above it a null return address).
+void prepare_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  char* top = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15});
+  char* frame = top - 72;
+  std::memset(frame, 0, 72);
+  const uint32_t mxcsr = 0x1f80;
+  const uint16_t fpu_control = 0x037f;
+  std::memcpy(frame, &mxcsr, 4);
+  std::memcpy(frame + 4, &fpu_control, 2);
+  std::memcpy(frame + 56, &entry, sizeof entry);
+  c.sp = frame;
+}
+#else
+struct Context {
+  ucontext_t uc;
+};
+void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+void prepare_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+#endif
+
 struct Fiber {
   enum class State { ready, at_barrier, at_warp, done };
-  ucontext_t context;
+  Context context;
   ThreadContext where;
   State state = State::ready;
 };
@@ -51,7 +119,7 @@ struct Run {
   const char* name;
   void (*body)(void*);
   void* closure;
-  ucontext_t scheduler;
+  Context scheduler;
   std::vector<Fiber> fibers;
   std::vector<Warp> warps;
   Fiber* running = nullptr;
@@ -131,11 +199,11 @@ void fiber_main() {
   Run& run = *active;
   run.body(run.closure);
   run.running->state = Fiber::State::done;
-  swapcontext(&run.running->context, &run.scheduler);
+  switch_context(run.running->context, run.scheduler);  // never resumed
 }
 
 // Back to the scheduler until it resumes this fiber.
-void yield(Run& run) { swapcontext(&run.running->context, &run.scheduler); }
+void yield(Run& run) { switch_context(run.running->context, run.scheduler); }
 
 void release_barrier_if_complete(Run& run) {
   if (run.at_barrier == 0 || run.at_barrier != run.live) return;
@@ -181,11 +249,7 @@ void run_block(Run& run, const dim3& grid, const dim3& block, const uint3& block
     f.where.grid_dim = grid;
     f.where.lane = i % 32;
     f.where.warp = i / 32;
-    getcontext(&f.context);
-    f.context.uc_stack.ss_sp = stacks.get(i);
-    f.context.uc_stack.ss_size = kStackBytes;
-    f.context.uc_link = nullptr;
-    makecontext(&f.context, fiber_main, 0);
+    prepare_context(f.context, stacks.get(i), kStackBytes, fiber_main);
   }
   const bool reverse = schedule.load() == Schedule::reverse;
   while (run.live > 0) {
@@ -196,7 +260,7 @@ void run_block(Run& run, const dim3& grid, const dim3& block, const uint3& block
       progressed = true;
       run.running = &f;
       current = &f.where;
-      swapcontext(&run.scheduler, &f.context);
+      switch_context(run.scheduler, f.context);
       run.running = nullptr;
       current = nullptr;
       if (!run.fault.empty()) throw KernelFault(run.fault);
@@ -242,7 +306,7 @@ std::atomic<size_t> allocation_limit{size_t{8} << 30};
   Run* run = active;
   if (!run || !run->running) throw KernelFault(what);
   run->fault = "kernel " + std::string(run->name) + ", " + describe(run->running->where) + ": " + what;
-  swapcontext(&run->running->context, &run->scheduler);  // never resumed
+  switch_context(run->running->context, run->scheduler);  // never resumed
   __builtin_unreachable();
 }
 
