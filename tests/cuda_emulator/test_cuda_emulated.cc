@@ -135,6 +135,30 @@ TEST(CudaEmulated, LayoutsPickTheirKernels) {
   EXPECT_NE(kernels_for("relu", flat).find("map_contiguous"), std::string::npos);
 }
 
+// test_cuda.py's test_cublaslt_takes_aligned_half_types, here: tensor-core shapes in a half type go
+// through cuBLASLt, forward (one product) and backward (z, then grad_x and grad_weight in two
+// parts each), and agree with the CPU kernels.
+TEST(CudaEmulated, CublasLtTakesAlignedHalfTypes) {
+  std::mt19937 rng(13);
+  for (DType dtype : {DType::float16, DType::bfloat16}) {
+    auto eighth = [](std::mt19937& r) { return normal(r) / 8; };
+    const HostTensor x = make(dtype, {64, 128}, Layout::contiguous, rng, eighth);
+    const HostTensor w = make(dtype, {96, 128}, Layout::contiguous, rng, eighth);
+    const HostTensor b = make(dtype, {96}, Layout::contiguous, rng, eighth);
+    const HostTensor g = make(dtype, {64, 96}, Layout::contiguous, rng, eighth);
+    const bool was = cuda::blaslt::set_enabled(true);
+    const int64_t taken = cuda::blaslt::calls().taken;
+    check("linear_act", {{x, w, b}, {std::string("gelu")}}, "aligned half types");
+    const int64_t forward = cuda::blaslt::calls().taken - taken;
+    check("linear_act_backward", {{g, x, w, b, std::nullopt}, {std::string("gelu"), int64_t{-1}}}, "aligned half types");
+    const int64_t backward = cuda::blaslt::calls().taken - taken - forward;
+    cuda::blaslt::set_enabled(was);
+    // Each check runs the op twice on the device (the second time in reverse turns).
+    EXPECT_EQ(forward, 2) << dtype_name(dtype);
+    EXPECT_EQ(backward, 2 * 5) << dtype_name(dtype);
+  }
+}
+
 // An index value out of range is found on the device (read_kernel's atomicMin, copied back) and
 // raised before any result is written, with the CPU kernel's words: the op, the value, its position.
 TEST(CudaEmulated, AnIndexOutOfRangeIsFoundOnTheDevice) {
