@@ -31,7 +31,7 @@ endforeach()
 # The rewritten headers exist before any rewritten source compiles.
 add_custom_target(opforge_cuda_emulated_headers DEPENDS ${emulated_headers})
 
-add_executable(opforge_cuda_emulated_tests ${emulated_sources} ${emulator_dir}/emulator.cc
+add_executable(opforge_cuda_emulated_tests ${emulated_sources} ${emulator_dir}/emulator.cc ${emulator_dir}/device.cc
                ${emulator_dir}/op_cases.cc ${emulator_dir}/test_cuda_emulated.cc)
 add_dependencies(opforge_cuda_emulated_tests opforge_cuda_emulated_headers)
 # The rewritten headers first, then the emulator's stand-ins (cub), then the real tree and the
