@@ -3,18 +3,20 @@
 // stream>>>(args)` into a cuda_emu::launch and sends the sources' kernel registrations to the
 // "cuda_emulated" backend; the compiler then force-includes this file ahead of each source.
 //
-// A launch runs its blocks one after another; each GPU thread of a block is a fiber (a stack of its own)
-// running the kernel's code as written. A fiber runs until it meets __syncthreads or a warp
-// operation, where it waits for the threads that operation needs, so the kernels' barriers and
-// shuffles mean what they mean on the GPU, and misuse the hardware would punish (a barrier only
-// part of the block reaches, lanes that disagree on a shuffle's mask, a shuffle from a lane that
-// is not there, a deadlock) stops the launch with cuda_emu::KernelFault.
+// A launch runs its blocks one after another; each GPU thread of a block is a fiber (a stack of
+// its own) running the kernel's code as written. A fiber runs until it meets __syncthreads or a
+// warp operation, where it waits for the threads that operation needs, so the kernels' barriers
+// and shuffles mean what they mean on the GPU, and misuse the hardware would punish (a barrier
+// only part of the block reaches, lanes that disagree on a shuffle's mask, a shuffle from a lane
+// that is not there, a deadlock, more threads than __launch_bounds__) stops the launch with
+// cuda_emu::KernelFault.
 //
-// What it cannot see: timing and data races between threads (threads run in order between
-// barriers; atomics are plain read-modify-writes), register and shared-memory limits and
-// __launch_bounds__, the streams' asynchrony (every call completes before it returns), device
-// math's last-bit differences (the host's libm, no FMA contraction), and paths taken only when
-// __CUDA_ARCH__ is defined (the host compiler sees the pre-sm_80 ones).
+// What it cannot see: timing; data races, except those that the order of turns decides (threads
+// run one at a time until they block, forward or, with set_schedule, in reverse; atomics are
+// plain read-modify-writes); register and shared-memory limits; the streams' asynchrony (every
+// call completes before it returns); device math's last-bit differences (the host's libm, no FMA
+// contraction); paths taken only when __CUDA_ARCH__ is defined (the host compiler sees the
+// pre-sm_80 ones).
 #pragma once
 
 #include <cuda_runtime.h>
