@@ -47,20 +47,28 @@ __global__ void grad_from_preact(cuda::Acc<T>* g, int64_t m, int64_t n, const T*
   }
 }
 
-// hi[e] + lo[e] == g[e] to about twice T's precision (hi = g rounded to T, lo = the rest rounded):
-// cuBLASLt's products take operands of one type, so a half type's float g goes in as two.
+// What the half-type parts hold of g: float16 tops out at 65504, and g = grad * act'(z) reaches
+// 1.13 times grad (gelu's and silu's steepest slopes), so its parts hold g / 2 and the products
+// scale by 2 (powers of two: exact). bfloat16 has float's range.
+template <typename T>
+inline constexpr float kPartScale = std::is_same_v<T, __half> ? 0.5f : 1.f;
+
+// hi[e] + lo[e] == g[e] * kPartScale to about twice T's precision (hi rounded to T, lo the rest
+// rounded; lo 0 where hi is infinite, as an infinite g's product is): cuBLASLt's products take
+// operands of one type, so a half type's float g goes in as two.
 template <typename T>
 __global__ void split_kernel(T* hi, T* lo, const float* g, int64_t total) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
-    const T h = static_cast<T>(g[e]);
+    const float v = g[e] * kPartScale<T>;
+    const T h = static_cast<T>(v);
     hi[e] = h;
-    lo[e] = static_cast<T>(g[e] - static_cast<float>(h));
+    lo[e] = static_cast<T>(isinf(static_cast<float>(h)) ? 0.f : v - static_cast<float>(h));
   }
 }
 
 // out [rows, cols] = sum_p G(r, p) B(c, p) through cuBLASLt, G one of g's two views (g_view's
 // strides): g itself where it has T's type; for a half type lo's product first, then hi's added
-// to it (beta = 1, the float sum rounded once to T, as the tiled kernel rounds it). false where
+// to it (beta = 1), each scaled back by 1 / kPartScale. false where
 // cuBLASLt declines; the caller's tiled kernel then writes all of out.
 template <typename T>
 bool product_by_blaslt(const char* op, DType dtype, int64_t rows, int64_t cols, int64_t depth, const void* g,
@@ -73,8 +81,9 @@ bool product_by_blaslt(const char* op, DType dtype, int64_t rows, int64_t cols, 
   cuda::blaslt::Operand lo_view = g_view, hi_view = g_view;
   lo_view.data = lo;
   hi_view.data = hi;
-  return cuda::blaslt::matmul(op, dtype, rows, cols, depth, lo_view, b, nullptr, out, dtype, stream) &&
-         cuda::blaslt::matmul(op, dtype, rows, cols, depth, hi_view, b, nullptr, out, dtype, stream, true);
+  constexpr double unscale = 1.0 / kPartScale<T>;
+  return cuda::blaslt::matmul(op, dtype, rows, cols, depth, lo_view, b, nullptr, out, dtype, stream, false, unscale) &&
+         cuda::blaslt::matmul(op, dtype, rows, cols, depth, hi_view, b, nullptr, out, dtype, stream, true, unscale);
 }
 
 void run(const KernelCall& call) {

@@ -31,7 +31,8 @@ Calls calls() { return {taken.load(), declined.load()}; }
 
 #if !OPFORGE_WITH_CUBLASLT
 
-bool matmul(const char*, DType, int64_t, int64_t, int64_t, Operand, Operand, const void*, void*, DType, void*, bool) {
+bool matmul(const char*, DType, int64_t, int64_t, int64_t, Operand, Operand, const void*, void*, DType, void*, bool,
+            double) {
   return false;
 }
 std::string status() { return "not built in (cublasLt.h was not found when opforge was compiled)"; }
@@ -229,7 +230,7 @@ std::string status() {
 namespace {
 
 bool matmul_or_decline(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b,
-                       const void* bias, void* out, DType out_dtype, void* stream, bool accumulate) {
+                       const void* bias, void* out, DType out_dtype, void* stream, bool accumulate, double alpha) {
   if (m <= 0 || n <= 0 || k <= 0) return false;
   const Library& lib = library();
   if (!lib.handle.load(std::memory_order_acquire)) return false;
@@ -327,11 +328,11 @@ bool matmul_or_decline(const char* op, DType dtype, int64_t m, int64_t n, int64_
     if (!found->second.first) return false;  // cuBLASLt has no algorithm for this case
     algo = found->second.second;
   }
-  const float one_f = 1.f, beta_f = accumulate ? 1.f : 0.f;
-  const double one_d = 1.0, beta_d = accumulate ? 1.0 : 0.0;
+  const float alpha_f = static_cast<float>(alpha), beta_f = accumulate ? 1.f : 0.f;
+  const double alpha_d = alpha, beta_d = accumulate ? 1.0 : 0.0;
   const bool wide = scale == CUDA_R_64F;
   const cublasStatus_t s =
-      lib.cublasLtMatmul(handle, desc.value, wide ? static_cast<const void*>(&one_d) : &one_f, b.data, la.value, a.data,
+      lib.cublasLtMatmul(handle, desc.value, wide ? static_cast<const void*>(&alpha_d) : &alpha_f, b.data, la.value, a.data,
                          lb.value, wide ? static_cast<const void*>(&beta_d) : &beta_f, out, ld.value, out, ld.value,
                          &algo, nullptr, 0, static_cast<cudaStream_t>(stream));
   if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
@@ -348,9 +349,9 @@ bool matmul_or_decline(const char* op, DType dtype, int64_t m, int64_t n, int64_
 }  // namespace
 
 bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const void* bias,
-            void* out, DType out_dtype, void* stream, bool accumulate) {
+            void* out, DType out_dtype, void* stream, bool accumulate, double scale) {
   if (!enabled.load()) return false;
-  const bool ran = matmul_or_decline(op, dtype, m, n, k, a, b, bias, out, out_dtype, stream, accumulate);
+  const bool ran = matmul_or_decline(op, dtype, m, n, k, a, b, bias, out, out_dtype, stream, accumulate, scale);
   ++(ran ? taken : declined);
   return ran;
 }

@@ -28,7 +28,8 @@ bool readable(Operand x, int64_t count, int64_t k) {
 }
 
 template <typename T, typename O>
-void product(int64_t m, int64_t n, int64_t k, Operand a, Operand b, const T* bias, O* out, bool accumulate) {
+void product(int64_t m, int64_t n, int64_t k, Operand a, Operand b, const T* bias, O* out, bool accumulate,
+             double scale) {
   using A = Acc<T>;
   const T* pa = static_cast<const T*>(a.data);
   const T* pb = static_cast<const T*>(b.data);
@@ -37,6 +38,7 @@ void product(int64_t m, int64_t n, int64_t k, Operand a, Operand b, const T* bia
       A sum = 0;
       for (int64_t p = 0; p < k; ++p)
         sum += A(pa[i * a.row_stride + p * a.col_stride]) * A(pb[j * b.row_stride + p * b.col_stride]);
+      sum *= A(scale);
       if (bias) sum += A(bias[j]);
       if (accumulate) sum += A(out[i * n + j]);
       out[i * n + j] = static_cast<O>(sum);
@@ -46,7 +48,7 @@ void product(int64_t m, int64_t n, int64_t k, Operand a, Operand b, const T* bia
 }  // namespace
 
 bool matmul(const char*, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const void* bias,
-            void* out, DType out_dtype, void*, bool accumulate) {
+            void* out, DType out_dtype, void*, bool accumulate, double scale) {
   if (!enabled.load()) return false;
   const bool half = dtype == DType::float16 || dtype == DType::bfloat16;
   const bool accepted = m > 0 && n > 0 && k > 0 && (half || dtype == DType::float32 || dtype == DType::float64) &&
@@ -59,9 +61,9 @@ bool matmul(const char*, DType dtype, int64_t m, int64_t n, int64_t k, Operand a
     using T = decltype(tag);
     if constexpr (std::is_floating_point_v<Acc<T>>) {
       if (out_dtype == dtype)
-        product<T>(m, n, k, a, b, static_cast<const T*>(bias), static_cast<T*>(out), accumulate);
+        product<T>(m, n, k, a, b, static_cast<const T*>(bias), static_cast<T*>(out), accumulate, scale);
       else
-        product<T>(m, n, k, a, b, static_cast<const T*>(bias), static_cast<float*>(out), accumulate);
+        product<T>(m, n, k, a, b, static_cast<const T*>(bias), static_cast<float*>(out), accumulate, scale);
     }
   });
   return true;

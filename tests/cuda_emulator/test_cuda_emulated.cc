@@ -159,6 +159,27 @@ TEST(CudaEmulated, CublasLtTakesAlignedHalfTypes) {
   }
 }
 
+// float16 gradients near its largest value (65504) through gelu's slope (up to 1.13): g passes
+// float16's range, so its two cuBLASLt parts must not be g rounded to float16 (inf, then NaN in
+// every product it enters). The saved-preact and the recomputing paths, against the CPU's float g.
+TEST(CudaEmulated, HalfGradientsPastFloat16sRangeThroughCublasLt) {
+  std::mt19937 rng(14);
+  auto near = [](double v, double spread) { return [=](std::mt19937& r) { return v + spread * normal(r); }; };
+  // 59000 to 64000 (float16 holds them), times gelu's slope at 1.5 (1.127): g of 66000 to 72000.
+  const HostTensor grad = make(DType::float16, {32, 64}, Layout::contiguous, rng,
+                               [](std::mt19937& r) { return 59000.0 + double(r() % 5000); });
+  const HostTensor x = make(DType::float16, {32, 128}, Layout::contiguous, rng, near(0, 1e-3));
+  const HostTensor w = make(DType::float16, {64, 128}, Layout::contiguous, rng, near(0, 1e-3));
+  const HostTensor bias = make(DType::float16, {64}, Layout::contiguous, rng, near(1.5, 0.05));
+  const HostTensor preact = make(DType::float16, {32, 64}, Layout::contiguous, rng, near(1.5, 0.05));
+  const bool was = cuda::blaslt::set_enabled(true);
+  const int64_t taken = cuda::blaslt::calls().taken;
+  check("linear_act_backward", {{grad, x, w, bias, preact}, {std::string("gelu"), int64_t{-1}}}, "saved preact");
+  check("linear_act_backward", {{grad, x, w, bias, std::nullopt}, {std::string("gelu"), int64_t{-1}}}, "recomputed");
+  EXPECT_GT(cuda::blaslt::calls().taken, taken) << "the products did not reach cuBLASLt";
+  cuda::blaslt::set_enabled(was);
+}
+
 // An index value out of range is found on the device (read_kernel's atomicMin, copied back) and
 // raised before any result is written, with the CPU kernel's words: the op, the value, its position.
 TEST(CudaEmulated, AnIndexOutOfRangeIsFoundOnTheDevice) {

@@ -578,6 +578,29 @@ def test_cublaslt_takes_aligned_half_types(dtype, rng):
         torch.testing.assert_close(got.cpu().double(), wnt, rtol=rtol, atol=4e-3)
 
 
+@pytest.mark.parametrize("saved_preact", [True, False])
+def test_float16_gradients_past_its_range_through_cublaslt(saved_preact, rng):
+    """float16 cotangents near its largest value through gelu's slope (1.127 at 1.5) make a float
+    g past 65504: cuBLASLt's float16 parts of g must hold it (they hold g / 2), where rounding g
+    to float16 made inf, then NaN in every gradient."""
+    if not (ON_GPU and cublaslt_loaded()):
+        pytest.skip("cuBLASLt runs on a GPU where it loads")
+    x, w = (torch.from_numpy(rng.standard_normal(s) * 1e-3).half() for s in ((32, 128), (64, 128)))
+    b = torch.from_numpy(1.5 + 0.05 * rng.standard_normal(64)).half()
+    g = torch.from_numpy(rng.uniform(59000, 64000, (32, 64))).half()
+    preact = torch.nn.functional.linear(x.double(), w.double(), b.double()).half() if saved_preact else None
+    taken = opforge._core.cublaslt_calls()[0]
+    on_gpu = [t.to(DEVICE) if t is not None else None for t in (g, x, w, b, preact)]
+    grads = torch.ops.opforge.linear_act_backward(*on_gpu, act="gelu")
+    assert opforge._core.cublaslt_calls()[0] >= taken + 4
+    z = preact.double() if saved_preact else torch.nn.functional.linear(x.double(), w.double(), b.double())
+    gz = g.double() * torch.func.grad(lambda v: torch.nn.functional.gelu(v).sum())(z)
+    assert gz.abs().max() > 65504  # the case this test is for
+    want = (gz @ w.double(), gz.T @ x.double())
+    for got, wnt in zip(grads, want):
+        torch.testing.assert_close(got.cpu().double(), wnt, rtol=rounded_once("float16")[0], atol=0.5)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_linear_act_keeps_nan(dtype, matmul_library, rng):
     """A NaN in x makes its row NaN after every activation, relu included (cuBLASLt's relu

@@ -23,12 +23,13 @@ struct Operand {
 // pass). A bias (dtype, packed, 16-byte aligned) only where out_dtype is dtype. On `stream` (a
 // cudaStream_t) of the current device. Sums in float for float32 (no TF32: torch's default
 // precision) and the half types, in double for float64. With accumulate, D = A B^T + D (D read
-// in out_dtype, the sum rounded once). Returns false, having launched nothing, when cuBLASLt is
+// in out_dtype, the sum rounded once). With scale, D = scale A B^T (+ bias, + D): the product
+// alone scaled (a power of two is exact). Returns false, having launched nothing, when cuBLASLt is
 // not loaded or turned off, when one operand is strided in both dimensions or its rows overlap,
 // or when cuBLASLt has no algorithm for the case; the caller then runs its own kernel. A failure
 // of a call cuBLASLt accepted raises opforge's runtime error naming `op`.
 bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const void* bias,
-            void* out, DType out_dtype, void* stream, bool accumulate = false);
+            void* out, DType out_dtype, void* stream, bool accumulate = false, double scale = 1);
 
 // Whether matmul can run through cuBLASLt at all: turned on and the library loaded. For callers
 // that would prepare operands only a cuBLASLt product uses (linear_act_backward's half-type parts).
