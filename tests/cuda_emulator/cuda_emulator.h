@@ -15,8 +15,8 @@
 // run one at a time until they block, forward or, with set_schedule, in reverse; atomics are
 // plain read-modify-writes); register and shared-memory limits; the streams' asynchrony (every
 // call completes before it returns); device math's last-bit differences (the host's libm, no FMA
-// contraction); paths taken only when __CUDA_ARCH__ is defined (the host compiler sees the
-// pre-sm_80 ones).
+// contraction). The sources' __CUDA_ARCH__ reads as CUDA_EMU_ARCH, sm_90: the sm_80+ paths (warp
+// reductions by __reduce_*_sync) are the ones run here, as on the GPUs the package is built for.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,6 +33,9 @@
 #include <utility>
 
 #include "emulator.h"
+
+// What the rewritten sources' __CUDA_ARCH__ reads as (rewrite_launches.py).
+#define CUDA_EMU_ARCH 900
 
 // A block's threads are fibers of one OS thread, and blocks run one at a time there: a static
 // per-thread variable is one per block.

@@ -6,7 +6,8 @@ Each launch `kernel<<<grid, block, shared, stream>>>(args)` becomes
 `::cuda_emu::launch("kernel (file:line)", [&](auto... a) { kernel(a...); }, grid, block, shared,
 stream)(args)`: the lambda lets template kernels deduce their arguments as the launch would. The
 file's launch sites are declared at its end (cuda_emu::declare_launch_sites). OPFORGE_KERNEL
-registrations become CUDA_EMU_KERNEL (the emulated backend). A kernel's __launch_bounds__ becomes a
+registrations become CUDA_EMU_KERNEL (the emulated backend), and __CUDA_ARCH__ CUDA_EMU_ARCH (900,
+cuda_emulator.h: the sm_80+ code the package runs). A kernel's __launch_bounds__ becomes a
 check at its start, and each __shared__ declaration is poisoned per block (see the functions below). Line breaks are kept, and a #line
 directive names the source, so diagnostics and __FILE__/__LINE__ point at the original.
 """
@@ -111,6 +112,9 @@ def rewrite(text: str, source: str) -> str:
         pos = close + 3
     out.append(text[pos:])
     body = poison_shared(check_launch_bounds("".join(out))).replace("OPFORGE_KERNEL(", "CUDA_EMU_KERNEL(")
+    # The device code the package runs (it is built for sm_80 and up), not the fallbacks for older
+    # GPUs the host compiler would pick with __CUDA_ARCH__ undefined.
+    body = re.sub(r"\b__CUDA_ARCH__\b", "CUDA_EMU_ARCH", body)
     if sites:  # the file's launch sites, for the tests' check that each one ran
         listed = ", ".join(f'"{s}"' for s in sites)
         tag = re.sub(r"\W", "_", source)
