@@ -234,9 +234,8 @@ void run(const KernelCall& call) {
       A* moments = workspace;
       A* partial_w = workspace + 3 * rows;
       A* partial_b = partial_w + chunks * n;
-      const unsigned row_blocks = static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16);
       // Results not asked for (output_mask) are empty: no grad_x stores, or no partial sums.
-      rows_kernel<T><<<row_blocks, kThreads, 0, stream>>>(
+      rows_kernel<T><<<cuda::row_blocks(rows), kThreads, 0, stream>>>(
           gx.numel() ? gx.data_as<T>() : nullptr, moments, g.data_as<const T>(), g_rows, g.stride(-1),
           x.data_as<const T>(), x_rows,
           x.stride(-1), w.data_as<const T>(), w.stride(0), rows, n, call.attr_float("eps"));

@@ -108,7 +108,7 @@ template <typename A, typename TA, typename TB, class Epi>
 void gemm(const char* op, int64_t M, int64_t N, int64_t K, const Mat<TA>& a, const Mat<TB>& b, Epi epi,
           cudaStream_t stream) {
   const int64_t grid_x = (N + kTile - 1) / kTile, grid_y = (M + kTile - 1) / kTile;
-  const dim3 grid(unsigned(grid_x), unsigned(grid_y < 65535 ? grid_y : 65535));
+  const dim3 grid(unsigned(grid_x), cuda::grid_blocks(grid_y, 65535));
   gemm_kernel<A><<<grid, kThreads, 0, stream>>>(M, N, K, a, b, epi);
   cuda::check_launch(op);
 }

@@ -162,7 +162,7 @@ void run(const KernelCall& call) {
   WeightView wv{w.data_as<const uint8_t>(), w.stride(0), w.stride(1), false};
   wv.halves = wv.inner == 1 && wv.row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(wv.data) % 2 == 0;
   const int64_t row_tiles = (m + kRows - 1) / kRows;
-  const dim3 grid(static_cast<unsigned>((n + kCols - 1) / kCols), static_cast<unsigned>(row_tiles < 65535 ? row_tiles : 65535));
+  const dim3 grid(static_cast<unsigned>((n + kCols - 1) / kCols), cuda::grid_blocks(row_tiles, 65535));
   const auto launch = [&](auto tag) {
     using T = decltype(tag);
     if (blocks > 0) {

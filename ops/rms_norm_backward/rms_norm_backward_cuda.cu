@@ -168,9 +168,8 @@ void run(const KernelCall& call) {
       cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), bytes, stream), "cudaMallocAsync");
       A* inv = workspace;
       A* partial = workspace + rows;
-      const unsigned row_blocks = static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16);
       // Results not asked for (output_mask) are empty: no grad_x stores, or no partial sums.
-      rows_kernel<T><<<row_blocks, kThreads, 0, stream>>>(
+      rows_kernel<T><<<cuda::row_blocks(rows), kThreads, 0, stream>>>(
           gx.numel() ? gx.data_as<T>() : nullptr, inv, g.data_as<const T>(), g_rows, g.stride(-1),
           x.data_as<const T>(), x_rows,
           x.stride(-1), w.data_as<const T>(), w.stride(0), rows, n, call.attr_float("eps"));

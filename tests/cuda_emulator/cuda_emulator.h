@@ -36,6 +36,8 @@
 
 // What the rewritten sources' __CUDA_ARCH__ reads as (rewrite_launches.py).
 #define CUDA_EMU_ARCH 900
+// The grid-stride launches' cap on blocks (opforge/cuda/common.cuh grid_blocks), set by the tests.
+#define CUDA_EMU_GRID_CAP ::cuda_emu::grid_cap()
 
 // A block's threads are fibers of one OS thread, and blocks run one at a time there: a static
 // per-thread variable is one per block.

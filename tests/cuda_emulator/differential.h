@@ -231,7 +231,10 @@ inline ::testing::AssertionResult same_results(const std::string& what, const Ou
 
 // Runs the case on the CPU and the emulated GPU and compares; then again on the GPU with blocks and
 // threads taking turns in reverse, which must give the same bits (opforge's CUDA kernels are
-// deterministic, and a difference is a race). Returns the emulated kernels' names.
+// deterministic, and a difference is a race); then with grid-stride launches cut to 3 blocks, so
+// their loops take several trips (a kernel that assumed one would leave results unwritten),
+// compared with the CPU again (fewer blocks may sum in another order). Returns the emulated
+// kernels' names.
 inline std::vector<std::string> check(const std::string& op, const Inputs& inputs, const std::string& what) {
   const size_t live = cuda_emu::live_allocations();
   const Outcome cpu = run_on("cpu", op, inputs);
@@ -244,6 +247,10 @@ inline std::vector<std::string> check(const std::string& op, const Inputs& input
   EXPECT_TRUE(reversed.results == gpu.results)
       << op << " " << what << ": the results depend on the order the threads run in (a race), kernels "
       << ::testing::PrintToString(gpu.kernels);
+  const int64_t cap = cuda_emu::set_grid_cap(3);
+  const Outcome few_blocks = run_on(kEmulated, op, inputs);
+  cuda_emu::set_grid_cap(cap);
+  EXPECT_TRUE(same_results(op + " " + what + " (3 blocks per grid-stride launch)", cpu, few_blocks));
   EXPECT_EQ(cuda_emu::live_allocations(), live) << op << " " << what << ": device memory left allocated";
   return gpu.kernels;
 }

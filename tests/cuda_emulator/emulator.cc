@@ -338,6 +338,12 @@ const unsigned char* warp_exchange(unsigned mask, const void* value, size_t size
 
 void set_schedule(Schedule s) { schedule.store(s); }
 
+namespace {
+std::atomic<int64_t> block_cap{INT64_MAX};
+}
+int64_t grid_cap() { return block_cap.load(); }
+int64_t set_grid_cap(int64_t blocks) { return block_cap.exchange(blocks); }
+
 void check_launch_bounds(long long max_threads) {
   const ThreadContext& t = *current;
   const long long threads = 1ll * t.block_dim.x * t.block_dim.y * t.block_dim.z;

@@ -33,6 +33,12 @@ size_t set_allocation_limit(size_t bytes);
 enum class Schedule { forward, reverse };
 void set_schedule(Schedule schedule);
 
+// The most blocks a grid-stride launch asks for (opforge::cuda::grid_blocks reads it through
+// CUDA_EMU_GRID_CAP; by default no lower than the package's own cap). A few blocks make every
+// grid-stride loop take several trips. Returns the previous cap.
+int64_t grid_cap();
+int64_t set_grid_cap(int64_t blocks);
+
 // The kernels launched since the last call, oldest first, each as its launch site names it:
 // "cached_kernel<T> (ops/rms_norm/rms_norm_cuda.cu:52)".
 std::vector<std::string> take_launches();

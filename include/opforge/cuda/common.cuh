@@ -103,10 +103,19 @@ inline Indexer make_indexer(const char* op, const std::vector<int64_t>& shape, c
   return ix;
 }
 
-inline unsigned blocks_for(int64_t n, int threads) {
-  int64_t blocks = (n + threads - 1) / threads;
-  return static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16);  // grid-stride loops cover the rest
+// The blocks a grid-stride launch asks for: `wanted`, at most `limit` (65535 in y and z, the
+// hardware's; in x, a million blocks fill any GPU many times). The loops cover the rest. The
+// emulated tests lower the cap at run time (CUDA_EMU_GRID_CAP), so every grid-stride loop takes
+// several trips there, as it does on the GPU only for tensors of a billion elements.
+inline unsigned grid_blocks(int64_t wanted, int64_t limit = 65535 * 16) {
+#ifdef CUDA_EMU_GRID_CAP
+  if (limit > CUDA_EMU_GRID_CAP) limit = CUDA_EMU_GRID_CAP;
+#endif
+  return static_cast<unsigned>(wanted < limit ? wanted : limit);
 }
+
+// Blocks of `threads` for n items, grid-stride beyond grid_blocks' cap.
+inline unsigned blocks_for(int64_t n, int threads) { return grid_blocks((n + threads - 1) / threads); }
 
 // Sixteen bytes of T: one vector load or store (LDG.128 / STG.128).
 template <typename T>

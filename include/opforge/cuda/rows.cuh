@@ -214,6 +214,6 @@ __device__ __forceinline__ A column_sum(const A* partial, int64_t i, int64_t n, 
   return sum;
 }
 
-inline unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16); }
+inline unsigned row_blocks(int64_t rows) { return grid_blocks(rows); }
 
 }  // namespace opforge::cuda

@@ -140,8 +140,7 @@ void sum_to_shape(const char* op, T* out, const Terms& terms, int64_t m, int64_t
     cudaFreeAsync(partial, stream);  // in stream order, after the kernels that read it
     check_cuda(op, first, "CUDA launch");
   } else {
-    const unsigned blocks = static_cast<unsigned>(m < 65535 * 16 ? m : 65535 * 16);
-    sum_per_block<<<blocks, kSumThreads, 0, stream>>>(out, terms, m, r);
+    sum_per_block<<<grid_blocks(m), kSumThreads, 0, stream>>>(out, terms, m, r);
   }
   check_launch(op);
 }
