@@ -9,6 +9,7 @@ set(emulator_dir ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emulator)
 set(mirror ${CMAKE_CURRENT_BINARY_DIR}/cuda_emulated)
 file(GLOB emulated_inputs CONFIGURE_DEPENDS RELATIVE ${CMAKE_CURRENT_SOURCE_DIR}
      include/opforge/cuda/*.cuh ops/*/*.cu ops/*/*.cuh tests/cuda_emulator/*.cu)
+list(APPEND emulated_inputs src/backends/cuda_backend.cu)  # the emulated devices' backend
 if(OPFORGE_CUBLASLT_INCLUDE_DIR)
   list(REMOVE_ITEM emulated_inputs tests/cuda_emulator/blaslt_standin.cu)
   list(APPEND emulated_inputs src/backends/cublaslt.cu)
@@ -54,4 +55,6 @@ if(OPFORGE_CUBLASLT_INCLUDE_DIR)
   target_link_libraries(opforge_cuda_emulated_tests PRIVATE ${CMAKE_DL_LIBS})
   add_dependencies(opforge_cuda_emulated_tests opforge_cublaslt_mock)
 endif()
+set_source_files_properties(${mirror}/src/backends/cuda_backend.cu.cc PROPERTIES COMPILE_DEFINITIONS
+                            OPFORGE_CUDA_BACKEND_NAME="cuda_emulated")
 gtest_discover_tests(opforge_cuda_emulated_tests TEST_PREFIX "cuda_emulated." PROPERTIES TIMEOUT 600)

@@ -7,13 +7,22 @@
 #include "opforge/backend.h"
 #include "opforge/error.h"
 
+// The host CUDA emulator's tests compile this file as their emulated device's backend, under
+// the name their rewritten kernels register with.
+#ifndef OPFORGE_CUDA_BACKEND_NAME
+#define OPFORGE_CUDA_BACKEND_NAME "cuda"
+#endif
+
 namespace opforge {
 
 namespace {
 
+// A failed call's status is also the runtime's last error until someone reads it: it is reported
+// here, so it is cleared, or the next op's launch check would report it as its own.
 void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    fail(ErrorKind::runtime, "cuda backend: ", what, " failed: ", cudaGetErrorString(status));
+  if (status == cudaSuccess) return;
+  cudaGetLastError();
+  fail(ErrorKind::runtime, "cuda backend: ", what, " failed: ", cudaGetErrorString(status));
 }
 
 // Makes `index` the calling thread's current device; returns the one it replaces.
@@ -26,7 +35,7 @@ int exchange(int index) {
 
 class CudaBackend final : public Backend {
  public:
-  std::string name() const override { return "cuda"; }
+  std::string name() const override { return OPFORGE_CUDA_BACKEND_NAME; }
   DeviceType device_type() const override { return DeviceType::cuda; }
 
   bool available() const override { return device_count() > 0; }

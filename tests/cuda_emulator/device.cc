@@ -1,6 +1,7 @@
-// The emulated device: its memory (pages of their own between unmapped ones), the CUDA runtime
-// calls opforge's kernels make, and the "cuda_emulated" backend the rewritten kernels register
-// with. See cuda_emulator.h.
+// The emulated devices: their memory (pages of their own between unmapped ones) and the CUDA
+// runtime calls opforge's kernels and its CUDA backend make (memory, copies, the current device,
+// events). The backend itself is opforge's own, src/backends/cuda_backend.cu, compiled here as
+// "cuda_emulated", the name the rewritten kernels register with. See cuda_emulator.h.
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
 
@@ -8,13 +9,12 @@
 #include <atomic>
 #include <cstring>
 #include <map>
-#include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 
 #include "emulator.h"
-#include "opforge/backend.h"
 
 namespace cuda_emu {
 namespace {
@@ -75,32 +75,36 @@ size_t live_allocations() {
 }
 
 namespace {
+thread_local int current = 0;  // the calling thread's current device
+std::mutex event_mutex;
+std::set<const void*>& events() {
+  static std::set<const void*> table;
+  return table;
+}
+}  // namespace
 
-// The emulated device behind the kernels' "cuda_emulated" registrations. Lowest score: on a
-// machine with a GPU the real backend keeps the CUDA tensors; tests force this one by name.
-class EmulatedCuda final : public opforge::Backend {
- public:
-  std::string name() const override { return "cuda_emulated"; }
-  opforge::DeviceType device_type() const override { return opforge::DeviceType::cuda; }
-  bool available() const override { return true; }
-  int score() const override { return 0; }
-  int64_t device_count() const override { return 1; }
-  void* allocate(int64_t bytes, opforge::Device, void*) override { return cuda_emu::allocate(size_t(bytes)); }
-  void release(void* ptr, opforge::Device, void*) noexcept override {
-    try {
-      cuda_emu::release(ptr);
-    } catch (...) {
-    }
-  }
-  void copy(void* dst, const void* src, int64_t bytes, void*) override { std::memcpy(dst, src, size_t(bytes)); }
-  void synchronize(opforge::Device, void*) override {}
+int current_device() { return current; }
+
+size_t live_events() {
+  std::lock_guard lock(event_mutex);
+  return events().size();
+}
+
+}  // namespace cuda_emu
+
+// An event: the device current when it was made (it records on that device's streams only).
+struct CUevent_st {
+  int device;
 };
 
-[[maybe_unused]] const bool registered = [] {
-  opforge::register_backend(std::make_unique<EmulatedCuda>());
-  return true;
-}();
-
+namespace cuda_emu {
+namespace {
+// The event, if it is one the runtime made and has not destroyed; else a KernelFault naming `what`.
+CUevent_st* live_event(cudaEvent_t event, const char* what) {
+  std::lock_guard lock(event_mutex);
+  if (!events().count(event)) throw KernelFault(std::string(what) + " on an event that does not exist (destroyed?)");
+  return event;
+}
 }  // namespace
 }  // namespace cuda_emu
 
@@ -143,11 +147,48 @@ cudaError_t cudaDeviceSynchronize() {
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
+  *device = cuda_emu::current;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= cuda_emu::kDevices) return cuda_emu::fail_with(cudaErrorInvalidDevice);
+  cuda_emu::current = device;
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = cuda_emu::kDevices;
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
+  *event = new CUevent_st{cuda_emu::current};
+  std::lock_guard lock(cuda_emu::event_mutex);
+  cuda_emu::events().insert(*event);
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  cuda_emu::record_stream_use("cudaEventRecord", stream);
+  // On the GPU: an error (a stream of another device than the event's).
+  if (cuda_emu::live_event(event, "cudaEventRecord")->device != cuda_emu::current)
+    return cuda_emu::fail_with(cudaErrorInvalidResourceHandle);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
+  cuda_emu::record_stream_use("cudaStreamWaitEvent", stream);
+  cuda_emu::live_event(event, "cudaStreamWaitEvent");
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  cuda_emu::live_event(event, "cudaEventSynchronize");
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  CUevent_st* gone = cuda_emu::live_event(event, "cudaEventDestroy");
+  {
+    std::lock_guard lock(cuda_emu::event_mutex);
+    cuda_emu::events().erase(gone);
+  }
+  delete gone;
   return cudaSuccess;
 }
 cudaError_t cudaGetLastError() { return std::exchange(cuda_emu::last_error, cudaSuccess); }
@@ -156,6 +197,8 @@ const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
     case cudaSuccess: return "no error";
     case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     default: return "unknown error (emulated)";
   }
 }

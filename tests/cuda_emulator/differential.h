@@ -29,6 +29,9 @@ namespace opforge::emulated {
 inline constexpr const char* kEmulated = "cuda_emulated";
 // The stream the tests hand the kernels, as a framework would hand its current one.
 inline void* const kCallerStream = reinterpret_cast<void*>(0x5eed);
+// The emulated tensors live on the second device while the calling thread's current device is the
+// first: the call must launch everything on theirs and put the caller's back.
+inline constexpr int kTensorDevice = 1;
 
 enum class Layout { contiguous, misaligned, strided };
 inline constexpr Layout kLayouts[] = {Layout::contiguous, Layout::misaligned, Layout::strided};
@@ -131,7 +134,7 @@ struct Outcome {
 inline Outcome run_on(const std::string& backend, const std::string& name, const Inputs& inputs) {
   const OpDef& op = find_op(name);
   const bool emulated = backend == kEmulated;
-  const Device device = emulated ? Device{DeviceType::cuda, 0} : Device{};
+  const Device device = emulated ? Device{DeviceType::cuda, kTensorDevice} : Device{};
   std::vector<void*> device_memory;
   auto place = [&](const std::vector<unsigned char>& bytes) -> void* {
     if (!emulated) return const_cast<unsigned char*>(bytes.data());
@@ -166,9 +169,14 @@ inline Outcome run_on(const std::string& backend, const std::string& name, const
   }
   set_backend_override("", "");
   out.kernels = cuda_emu::take_launches();
-  for (const auto& use : cuda_emu::take_stream_uses())  // all on the caller's stream, never another
+  for (const auto& use : cuda_emu::take_stream_uses()) {  // all on the caller's stream and the tensors' device
     if (emulated && use.stream != kCallerStream)
       ADD_FAILURE() << name << ": " << use.what << " on stream " << use.stream << ", not the caller's";
+    if (emulated && use.device != kTensorDevice)
+      ADD_FAILURE() << name << ": " << use.what << " with device " << use.device << " current, not the tensors' ("
+                    << kTensorDevice << ")";
+  }
+  if (cuda_emu::current_device() != 0) ADD_FAILURE() << name << ": the caller's current device was not put back";
   // The inputs' storage (gaps between strided elements too) is as it was: no stray writes.
   for (size_t i = 0, d = 0; emulated && i < inputs.tensors.size(); ++i)
     if (inputs.tensors[i] && std::memcmp(device_memory[d++], inputs.tensors[i]->bytes.data(), inputs.tensors[i]->bytes.size()))

@@ -407,7 +407,7 @@ std::vector<StreamUse>& stream_uses() {
 
 void record_stream_use(std::string what, const void* stream) {
   std::lock_guard lock(launches_mutex);
-  stream_uses().push_back({std::move(what), stream});
+  stream_uses().push_back({std::move(what), stream, current_device()});
 }
 
 std::vector<StreamUse> take_stream_uses() {

@@ -27,6 +27,12 @@ size_t live_allocations();  // allocate()/cudaMallocAsync minus release()/cudaFr
 // can take the out-of-memory path; returns the previous limit.
 size_t set_allocation_limit(size_t bytes);
 
+// The emulated machine has kDevices GPUs; each host thread has a current one (cudaSetDevice).
+inline constexpr int kDevices = 2;
+int current_device();
+// Events created (cudaEventCreate*) and not yet destroyed.
+size_t live_events();
+
 // The order blocks, and threads within a block, take turns (each runs until it waits at a
 // barrier or a shuffle, or ends). Running a kernel both ways and getting different bits shows a
 // race: a read that only sees the right value when its writer happens to run first.
@@ -44,10 +50,12 @@ int64_t set_grid_cap(int64_t blocks);
 std::vector<std::string> take_launches();
 
 // Each launch and each CUDA runtime call that runs on a stream, with that stream (nullptr for the
-// legacy default stream, which the calls without a stream argument use), since the last call.
+// legacy default stream, which the calls without a stream argument use) and the calling thread's
+// current device, since the last call.
 struct StreamUse {
   std::string what;
   const void* stream;
+  int device;
 };
 std::vector<StreamUse> take_stream_uses();
 void record_stream_use(std::string what, const void* stream);

@@ -17,10 +17,14 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
+
+#include <cuda_runtime_api.h>
 
 #include "differential.h"
 #include "op_cases.h"
+#include "opforge/backend.h"
 #include "opforge/cuda/blaslt.h"
 
 namespace opforge::emulated {
@@ -178,6 +182,74 @@ TEST(CudaEmulated, HalfGradientsPastFloat16sRangeThroughCublasLt) {
   check("linear_act_backward", {{grad, x, w, bias, std::nullopt}, {std::string("gelu"), int64_t{-1}}}, "recomputed");
   EXPECT_GT(cuda::blaslt::calls().taken, taken) << "the products did not reach cuBLASLt";
   cuda::blaslt::set_enabled(was);
+}
+
+// opforge's CUDA backend (src/backends/cuda_backend.cu, compiled here as the emulated devices')
+// as the DLPack path uses it for CuPy arrays: memory on the array's device, which is not the
+// current one, made on the caller's stream; a fence recorded there; release waiting for it on the
+// thread's own stream (the caller's may be gone), then freeing memory and event; the caller's
+// current device put back after each call.
+TEST(CudaEmulated, TheCudaBackendWorksOnTheArraysDeviceAndPutsTheCallersBack) {
+  Backend* cuda = lookup_backend(kEmulated);
+  ASSERT_NE(cuda, nullptr);
+  EXPECT_TRUE(cuda->available());
+  EXPECT_EQ(cuda->unavailable_reason(), "");
+  EXPECT_EQ(cuda->device_count(), cuda_emu::kDevices);
+  const size_t live = cuda_emu::live_allocations();
+  const Device device{DeviceType::cuda, kTensorDevice};
+  cuda_emu::take_stream_uses();
+  void* p = cuda->allocate(64, device, kCallerStream);
+  void* empty = cuda->allocate(0, device, kCallerStream);  // an empty result's pointer is its own too
+  EXPECT_NE(p, empty);
+  const std::vector<unsigned char> bytes(64, 7);
+  cuda->copy(p, bytes.data(), 64, kCallerStream);
+  EXPECT_EQ(std::memcmp(p, bytes.data(), 64), 0);
+  cuda->synchronize(device, kCallerStream);
+  void* fence = cuda->fence(device, kCallerStream);
+  EXPECT_EQ(cuda_emu::live_events(), 1u);
+  cuda->release(p, device, fence);
+  cuda->release(empty, device, nullptr);
+  EXPECT_EQ(cuda_emu::live_events(), 0u) << "the fence's event was not destroyed";
+  EXPECT_EQ(cuda_emu::live_allocations(), live);
+  EXPECT_EQ(cuda->current_device(), 0);
+  const void* own = cudaStreamPerThread;
+  const std::vector<std::tuple<std::string, const void*, int>> want{
+      {"cudaMallocAsync", kCallerStream, 1},    {"cudaMallocAsync", kCallerStream, 1},
+      {"cudaMemcpyAsync", kCallerStream, 0},    // a copy may go to another device's stream
+      {"cudaStreamSynchronize", kCallerStream, 1}, {"cudaEventRecord", kCallerStream, 1},
+      {"cudaStreamWaitEvent", own, 1},          {"cudaFreeAsync", own, 1},
+      {"cudaFreeAsync", own, 1}};
+  std::vector<std::tuple<std::string, const void*, int>> got;
+  for (const auto& use : cuda_emu::take_stream_uses()) got.emplace_back(use.what, use.stream, use.device);
+  EXPECT_EQ(got, want);
+}
+
+// A CUDA runtime call the backend refuses (a device that does not exist, memory the device cannot
+// give) raises its error naming the call, leaves the current device as it was, and does not stay
+// behind as the runtime's last error for the next op's launch check to report as its own.
+TEST(CudaEmulated, TheCudaBackendsErrorsDoNotLingerIntoTheNextOp) {
+  Backend* cuda = lookup_backend(kEmulated);
+  ASSERT_NE(cuda, nullptr);
+  std::mt19937 rng(15);
+  const Inputs next{{make(DType::float32, {8}, Layout::contiguous, rng)}, {}};
+  try {
+    cuda->allocate(64, Device{DeviceType::cuda, 5}, kCallerStream);
+    ADD_FAILURE() << "allocating on device 5 of 2 did not fail";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "cuda backend: cudaSetDevice failed: invalid device ordinal");
+  }
+  EXPECT_EQ(cuda->current_device(), 0);
+  EXPECT_EQ(run_on(kEmulated, "add_one", next).error, "");
+  const size_t limit = cuda_emu::set_allocation_limit(1024);
+  try {
+    cuda->allocate(4096, Device{DeviceType::cuda, kTensorDevice}, kCallerStream);
+    ADD_FAILURE() << "allocating past the limit did not fail";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "cuda backend: cudaMallocAsync failed: out of memory");
+  }
+  cuda_emu::set_allocation_limit(limit);
+  EXPECT_EQ(cuda->current_device(), 0);
+  EXPECT_EQ(run_on(kEmulated, "add_one", next).error, "");
 }
 
 // An index value out of range is found on the device (read_kernel's atomicMin, copied back) and
