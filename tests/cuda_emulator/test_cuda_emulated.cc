@@ -4,7 +4,9 @@
 // views, empty and odd sizes, and the shapes that pick each kernel variant; each launch site must
 // be reached. The inputs live in the emulated device's memory between unmapped pages and the
 // results start as NaN, so an access out of bounds or a result left unwritten fails here as it
-// would on a GPU. No GPU is needed; nothing here times anything.
+// would on a GPU; they live on the second emulated device while the first is current, and
+// grid-stride launches run again with 3 blocks (differential.h's check). No GPU is needed;
+// nothing here times anything.
 #include <gtest/gtest.h>
 
 #include <climits>
