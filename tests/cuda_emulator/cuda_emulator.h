@@ -88,6 +88,7 @@ struct Launch {
   template <class... Args>
   void operator()(Args&&... args) const {
     record_stream_use(name, stream);
+    note_launch(name);
     std::tuple<std::decay_t<Args>...> params(std::forward<Args>(args)...);
     auto body = [&] { std::apply(kernel, params); };
     run_grid(name, grid, block, shared_bytes, [](void* c) { (*static_cast<decltype(body)*>(c))(); }, &body);

@@ -33,6 +33,7 @@ std::map<const void*, Region>& regions() {
 }
 
 thread_local cudaError_t last_error = cudaSuccess;
+thread_local std::string unchecked_launch;  // note_launch
 
 cudaError_t fail_with(cudaError_t e) {
   last_error = e;
@@ -84,6 +85,9 @@ std::set<const void*>& events() {
 }  // namespace
 
 int current_device() { return current; }
+
+void note_launch(const char* name) { unchecked_launch = name; }
+std::string take_unchecked_launch() { return std::exchange(unchecked_launch, {}); }
 
 size_t live_events() {
   std::lock_guard lock(event_mutex);
@@ -191,8 +195,14 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete gone;
   return cudaSuccess;
 }
-cudaError_t cudaGetLastError() { return std::exchange(cuda_emu::last_error, cudaSuccess); }
-cudaError_t cudaPeekAtLastError() { return cuda_emu::last_error; }
+cudaError_t cudaGetLastError() {
+  cuda_emu::unchecked_launch.clear();
+  return std::exchange(cuda_emu::last_error, cudaSuccess);
+}
+cudaError_t cudaPeekAtLastError() {
+  cuda_emu::unchecked_launch.clear();
+  return cuda_emu::last_error;
+}
 const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
     case cudaSuccess: return "no error";

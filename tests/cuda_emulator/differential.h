@@ -151,6 +151,7 @@ inline Outcome run_on(const std::string& backend, const std::string& name, const
   Outcome out;
   cuda_emu::take_launches();
   cuda_emu::take_stream_uses();
+  cuda_emu::take_unchecked_launch();
   set_backend_override("", backend);
   try {
     out.specs = infer_outputs(op, in);
@@ -162,6 +163,8 @@ inline Outcome run_on(const std::string& backend, const std::string& name, const
       views.push_back(testing::view(place(out.results.back()), spec.dtype, spec.shape, {}, device));
     }
     run_kernel(op, select_kernel(op, in), in, views, emulated ? kCallerStream : nullptr);
+    if (const std::string k = cuda_emu::take_unchecked_launch(); !k.empty())
+      ADD_FAILURE() << name << ": " << k << " was launched and no cudaGetLastError followed (every launch is checked)";
     for (size_t i = 0; i < views.size(); ++i)
       if (!out.results[i].empty()) std::memcpy(out.results[i].data(), views[i].data, out.results[i].size());
   } catch (const Error& e) {

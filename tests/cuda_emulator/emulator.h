@@ -60,6 +60,12 @@ struct StreamUse {
 std::vector<StreamUse> take_stream_uses();
 void record_stream_use(std::string what, const void* stream);
 
+// The last kernel launched on this thread with no cudaGetLastError (or cudaPeekAtLastError) after
+// it, "" if none; cleared by the call. A launch's configuration errors surface only there, so
+// opforge checks every launch (one check may follow several).
+void note_launch(const char* name);
+std::string take_unchecked_launch();
+
 // Every launch site of the emulated sources, declared by each rewritten file at load time.
 bool declare_launch_sites(std::initializer_list<const char*> sites);
 std::vector<std::string> launch_sites();  // sorted
