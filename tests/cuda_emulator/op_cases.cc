@@ -64,9 +64,9 @@ const Shape kTallRows = {2500, 512};
 Case norm(bool layer, bool backward) {
   const int variants = backward ? 3 : layer ? 2 : 1;  // output masks, or with and without a bias
   const int shapes = int(kRows.size()) * variants + (backward ? 1 : 0);
-  return {shapes, [=](DType d, int s, Layout l, std::mt19937& rng) {
+  return {shapes, [=](DType d, int s, Layout l, std::mt19937& rng) -> std::optional<Inputs> {
             const bool tall = s == int(kRows.size()) * variants;
-            if (tall && l == Layout::misaligned) return Inputs{};  // contiguous (fused) and strided (three launches)
+            if (tall && l == Layout::misaligned) return std::nullopt;  // contiguous (fused) and strided (three launches)
             const Shape& shape = tall ? kTallRows : kRows[s / variants];
             const int v = tall ? 0 : s % variants;
             auto positive = [](std::mt19937& r) { return 0.5 + std::uniform_real_distribution<double>(0, 1)(r); };

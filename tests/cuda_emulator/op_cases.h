@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -13,10 +14,11 @@
 
 namespace opforge::emulated {
 
-// A case: inputs for (dtype, shape variant, layout); `shapes` variants are tried in every layout.
+// A case: inputs for (dtype, shape variant, layout); `shapes` variants are tried in every layout
+// the case has inputs for (nullopt: the variant skips that layout).
 struct Case {
   int shapes;
-  std::function<Inputs(DType, int, Layout, std::mt19937&)> inputs;
+  std::function<std::optional<Inputs>(DType, int, Layout, std::mt19937&)> inputs;
 };
 
 // Every op's case, by name (an op with a CUDA kernel and no case fails EveryCudaKernelHasACase).
