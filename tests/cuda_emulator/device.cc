@@ -21,11 +21,16 @@ namespace {
 
 constexpr size_t kPage = 4096;
 
-// Device memory regions by the address handed out: the mapping to return.
+// Device memory regions by the address handed out: the mapping to return, and the bytes asked for.
 struct Region {
   char* base;
   size_t bytes;
+  size_t asked;
 };
+
+// Fills the mapped bytes around an allocation (before its start on the page, after its end up to
+// the next 16 bytes): a write there, which no page boundary catches, shows at release.
+constexpr unsigned char kCanary = 0xa5;
 std::mutex memory_mutex;
 std::map<const void*, Region>& regions() {
   static std::map<const void*, Region> table;
@@ -53,9 +58,10 @@ void* allocate(size_t bytes) {
   char* base = static_cast<char*>(p);
   mprotect(base + kPage, span, PROT_READ | PROT_WRITE);
   char* start = base + kPage + span - data;  // 16-byte aligned, its end against the page above
-  std::memset(start, 0xff, data);
+  std::memset(base + kPage, kCanary, span);
+  std::memset(start, 0xff, bytes);
   std::lock_guard lock(memory_mutex);
-  regions()[start] = {base, span + 2 * kPage};
+  regions()[start] = {base, span + 2 * kPage, bytes};
   return start;
 }
 
@@ -64,8 +70,21 @@ void release(void* p) {
   std::lock_guard lock(memory_mutex);
   auto it = regions().find(p);
   if (it == regions().end()) throw KernelFault("freeing memory the emulated device did not allocate");
-  munmap(it->second.base, it->second.bytes);
+  const Region r = it->second;
   regions().erase(it);
+  const char* first = r.base + kPage;
+  const char* start = static_cast<const char*>(p);
+  const char* end = r.base + r.bytes - kPage;
+  auto touched = [](const char* from, const char* to) {
+    return std::find_if(from, to, [](char c) { return static_cast<unsigned char>(c) != kCanary; });
+  };
+  auto bytes = [](int64_t n) { return std::to_string(n) + (n == 1 ? " byte" : " bytes"); };
+  std::string stray;
+  if (const char* c = touched(first, start); c != start) stray = bytes(start - c) + " before its start";
+  if (const char* c = touched(start + r.asked, end); c != end) stray = bytes(c - start - r.asked + 1) + " past its end";
+  munmap(r.base, r.bytes);
+  if (!stray.empty())
+    throw KernelFault("a write " + stray + " of a device allocation of " + std::to_string(r.asked) + " bytes");
 }
 
 size_t set_allocation_limit(size_t bytes) { return allocation_limit.exchange(bytes); }

@@ -157,4 +157,24 @@ TEST(CudaEmulator, MemoryStartsAsNaNAndOutOfMemoryIsAnError) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // read once, then cleared
 }
 
+// One element past the end, or one before the start, of a 3-float allocation: inside the 16 bytes
+// the allocation is rounded to, or on its own page, where no unmapped page can catch it; the
+// bytes around it catch it at release.
+__global__ void writes_at(float* out, int at) { out[at] = 1.f; }
+
+TEST(CudaEmulator, AWriteJustOutsideAnAllocationIsFoundAtRelease) {
+  for (const auto& [at, words] : {std::pair{3, "a write 1 byte past its end of a device allocation of 12 bytes"},
+                                  std::pair{-1, "a write 4 bytes before its start of a device allocation of 12 bytes"}}) {
+    float* p = static_cast<float*>(cuda_emu::allocate(3 * sizeof(float)));
+    writes_at<<<1, 1, 0, nullptr>>>(p, at);
+    try {
+      cuda_emu::release(p);
+      ADD_FAILURE() << "a write at " << at << " was not found";
+    } catch (const cuda_emu::KernelFault& e) {
+      EXPECT_STREQ(e.what(), words);
+    }
+  }
+  EXPECT_EQ(cuda_emu::live_allocations(), 0u);
+}
+
 }  // namespace
