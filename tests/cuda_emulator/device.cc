@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "emulator.h"
 
@@ -89,6 +90,33 @@ void release(void* p) {
 
 size_t set_allocation_limit(size_t bytes) { return allocation_limit.exchange(bytes); }
 
+namespace {
+// Whether p points into emulated device memory.
+bool on_device(const void* p) {
+  std::lock_guard lock(memory_mutex);
+  auto it = regions().upper_bound(p);
+  if (it == regions().begin()) return false;
+  --it;
+  return static_cast<const char*>(p) < static_cast<const char*>(it->first) + it->second.asked;
+}
+
+// Copies from the device into host memory by cudaMemcpyAsync: their bytes as the stream had them
+// (everything before them has run), landing only at the next synchronize, as a GPU's would land
+// at some time the host does not know without one.
+struct PendingCopy {
+  void* dst;
+  std::vector<char> bytes;
+};
+thread_local std::vector<PendingCopy> pending_copies;
+
+void land_copies() {
+  for (const auto& c : pending_copies) std::memcpy(c.dst, c.bytes.data(), c.bytes.size());
+  pending_copies.clear();
+}
+}  // namespace
+
+size_t take_unwaited_copies() { return std::exchange(pending_copies, {}).size(); }
+
 size_t live_allocations() {
   std::lock_guard lock(memory_mutex);
   return regions().size();
@@ -155,18 +183,27 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
 cudaError_t cudaMemset(void* p, int value, size_t bytes) { return cudaMemsetAsync(p, value, bytes, nullptr); }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t stream) {
   cuda_emu::record_stream_use("cudaMemcpyAsync", stream);
+  if (bytes && cuda_emu::on_device(src) && !cuda_emu::on_device(dst)) {  // lands at the next synchronize
+    const char* from = static_cast<const char*>(src);
+    cuda_emu::pending_copies.push_back({dst, std::vector<char>(from, from + bytes)});
+    return cudaSuccess;
+  }
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {  // synchronous
+  cuda_emu::record_stream_use("cudaMemcpy", nullptr);
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   cuda_emu::record_stream_use("cudaStreamSynchronize", stream);
+  cuda_emu::land_copies();
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
   cuda_emu::record_stream_use("cudaDeviceSynchronize", nullptr);
+  cuda_emu::land_copies();
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* device) {
@@ -203,6 +240,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   cuda_emu::live_event(event, "cudaEventSynchronize");
+  cuda_emu::land_copies();
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {

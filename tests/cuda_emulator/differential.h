@@ -152,6 +152,7 @@ inline Outcome run_on(const std::string& backend, const std::string& name, const
   cuda_emu::take_launches();
   cuda_emu::take_stream_uses();
   cuda_emu::take_unchecked_launch();
+  cuda_emu::take_unwaited_copies();
   set_backend_override("", backend);
   try {
     out.specs = infer_outputs(op, in);
@@ -165,6 +166,8 @@ inline Outcome run_on(const std::string& backend, const std::string& name, const
     run_kernel(op, select_kernel(op, in), in, views, emulated ? kCallerStream : nullptr);
     if (const std::string k = cuda_emu::take_unchecked_launch(); !k.empty())
       ADD_FAILURE() << name << ": " << k << " was launched and no cudaGetLastError followed (every launch is checked)";
+    if (const size_t n = cuda_emu::take_unwaited_copies())
+      ADD_FAILURE() << name << ": " << n << " copies to host memory were never waited for";
     for (size_t i = 0; i < views.size(); ++i)
       if (!out.results[i].empty()) std::memcpy(out.results[i].data(), views[i].data, out.results[i].size());
   } catch (const Error& e) {

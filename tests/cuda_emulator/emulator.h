@@ -26,6 +26,10 @@ size_t live_allocations();  // allocate()/cudaMallocAsync minus release()/cudaFr
 // cudaMallocAsync refuses more than this with cudaErrorMemoryAllocation (default 8 GiB), so a test
 // can take the out-of-memory path; returns the previous limit.
 size_t set_allocation_limit(size_t bytes);
+// A cudaMemcpyAsync from device memory into host memory lands at the next synchronize (stream,
+// device or event), not before: host code that reads it without waiting reads stale bytes. The
+// copies not yet landed (dropped by the call: nobody waited for them).
+size_t take_unwaited_copies();
 
 // The emulated machine has kDevices GPUs; each host thread has a current one (cudaSetDevice).
 inline constexpr int kDevices = 2;
