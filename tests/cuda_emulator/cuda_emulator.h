@@ -13,8 +13,9 @@
 //
 // What it cannot see: timing; data races, except those that the order of turns decides (threads
 // run one at a time until they block, forward or, with set_schedule, in reverse; atomics are
-// plain read-modify-writes); register and shared-memory limits; the streams' asynchrony (every
-// call completes before it returns); device math's last-bit differences (the host's libm, no FMA
+// plain read-modify-writes); register and shared-memory limits; most of the streams' asynchrony
+// (every call completes before it returns, except that a copy into host memory lands only at the
+// next synchronize); device math's last-bit differences (the host's libm, no FMA
 // contraction). The sources' __CUDA_ARCH__ reads as CUDA_EMU_ARCH, sm_90: the sm_80+ paths (warp
 // reductions by __reduce_*_sync) are the ones run here, as on the GPUs the package is built for.
 #pragma once
