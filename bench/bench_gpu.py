@@ -21,7 +21,9 @@ block_until_ready (dispatch overlaps the GPU work, as in real use), median of --
 Inputs rotate among copies whose total is at least 3x the L2 cache, so no call finds its
 inputs in L2. Writes ops_cuda.csv (after each op, so an interrupted run keeps what it measured),
 ops_cuda.md and ops_cuda.png (with matplotlib) into --out (default bench/results). Without a
-CUDA device it says so and exits 0.
+CUDA device it says so and exits 0. --dry-run runs the whole harness on the CPU at toy sizes,
+timed by the wall clock (tests/python/test_bench_gpu.py: the script's own code, checked where no
+GPU is; none of its numbers mean anything).
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
-COLS = 4096
+COLS = 4096  # the reference ops' columns
+QUANT_N = 4096  # matmul_q's weights: QUANT_N x QUANT_N
+MATMUL_N = 8192  # torch.mm's rate, the linear_act limit
+DEVICE = "cuda"  # "cpu" for --dry-run, with the sizes above cut down
 START = time.monotonic()
 FIELDS = ["op", "shape", "impl", "median_us", "rate", "unit", "pct_of_limit", "opforge_speedup"]
 
@@ -60,11 +65,20 @@ class Float32Rng:
 def cuda_events_median(fn, arg_sets, repeats, warmup=3):
     """Median milliseconds per call of fn(*args), each sample one pass over the argument sets
     between two CUDA events on the current stream. A pass of several calls keeps the GPU queue
-    full, so a kernel shorter than the host's dispatch is timed as the kernel, not the dispatch."""
+    full, so a kernel shorter than the host's dispatch is timed as the kernel, not the dispatch.
+    (--dry-run: the wall clock around each pass.)"""
     import torch
 
     for i in range(warmup):
         fn(*arg_sets[i % len(arg_sets)])
+    if DEVICE == "cpu":
+        passes = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for args in arg_sets:
+                fn(*args)
+            passes.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(passes) / len(arg_sets)
     pairs = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -103,16 +117,17 @@ def copy_bandwidth(nbytes, repeats):
     import torch
 
     n = nbytes // 4
-    a, b = torch.empty(n, device="cuda").normal_(), torch.empty(n, device="cuda")
+    a, b = torch.empty(n, device=DEVICE).normal_(), torch.empty(n, device=DEVICE)
     ms = cuda_events_median(lambda: b.copy_(a), [()], repeats)
     return 2 * n * 4 / (ms * 1e-3) / 1e9
 
 
-def matmul_rate(repeats, n=8192, dtype="float32"):
+def matmul_rate(repeats, dtype="float32"):
     """torch.mm TFLOP/s in `dtype` (float32: TF32 as torch is configured, off by default)."""
     import torch
 
-    a, b = (torch.randn(n, n, device="cuda", dtype=getattr(torch, dtype)) for _ in range(2))
+    n = MATMUL_N
+    a, b = (torch.randn(n, n, device=DEVICE, dtype=getattr(torch, dtype)) for _ in range(2))
     ms = cuda_events_median(torch.mm, [(a, b)], max(5, repeats // 5))
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
@@ -222,9 +237,10 @@ def to_jax(t):
     import jax.numpy as jnp
     import torch
 
+    device = jax.devices("gpu" if DEVICE == "cuda" else "cpu")[0]
     if t.dtype == torch.bfloat16:
-        return jax.device_put(jnp.asarray(t.float().cpu().numpy(), dtype=jnp.bfloat16), jax.devices("gpu")[0])
-    return jax.device_put(t.cpu().numpy(), jax.devices("gpu")[0])
+        return jax.device_put(jnp.asarray(t.float().cpu().numpy(), dtype=jnp.bfloat16), device)
+    return jax.device_put(t.cpu().numpy(), device)
 
 
 def bench_reference_ops(ops, args, results, copy_gbs, mm_tflops, l2_bytes, dtype="float32"):
@@ -239,7 +255,7 @@ def bench_reference_ops(ops, args, results, copy_gbs, mm_tflops, l2_bytes, dtype
         arrays, attrs = ref.sample(Float32Rng(0), rows=rows, cols=COLS)
         # float data in `dtype`; integer inputs (scatter_add's index) keep their dtype
         base = [torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32 if np.issubdtype(a.dtype, np.floating)
-                                                      else a.dtype)).cuda() for a in map(np.asarray, arrays)]
+                                                      else a.dtype)).to(DEVICE) for a in map(np.asarray, arrays)]
         base = [t.to(getattr(torch, dtype)) if t.is_floating_point() else t for t in base]
         try:
             out = getattr(torch.ops.opforge, name)(*base, **attrs)
@@ -272,7 +288,8 @@ def bench_reference_ops(ops, args, results, copy_gbs, mm_tflops, l2_bytes, dtype
         else:
             results.add(label, shape, times, "GB/s", nbytes, copy_gbs)
         del sets, base, out
-        torch.cuda.empty_cache()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
 
 
 def bench_matmul_q(args, results, copy_gbs, l2_bytes):
@@ -282,15 +299,16 @@ def bench_matmul_q(args, results, copy_gbs, l2_bytes):
     import opforge
 
     rng = np.random.default_rng(0)
-    n = k = 4096
+    n = k = QUANT_N
     for fmt in ("q4_0", "q8_0"):
         if out_of_time(args, f"matmul_q {fmt}"):
             continue
-        w = torch.from_numpy(getattr(opforge, f"quantize_{fmt}")(rng.standard_normal((n, k), dtype=np.float32))).cuda()
+        w = torch.from_numpy(getattr(opforge, f"quantize_{fmt}")(rng.standard_normal((n, k), dtype=np.float32)))
+        w = w.to(DEVICE)
         w32 = torch.ops.opforge.dequantize(w, fmt)
         w16 = w32.half()
         for m in (1, 32):
-            x = torch.from_numpy(rng.standard_normal((m, k), dtype=np.float32)).cuda()
+            x = torch.from_numpy(rng.standard_normal((m, k), dtype=np.float32)).to(DEVICE)
             copies = copies_for(w.numel(), l2_bytes)  # weights dominate: rotate those
             ws = [w] + [w.clone() for _ in range(copies - 1)]
             w32s = [w32] + [w32.clone() for _ in range(copies_for(w32.numel() * 4, l2_bytes) - 1)]
@@ -323,21 +341,25 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="stop starting new ops after this many seconds (the tables keep what was measured)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="the harness on the CPU at toy sizes (for its tests; the numbers mean nothing)")
     args = parser.parse_args(argv)
+    global COLS, QUANT_N, MATMUL_N, DEVICE
+    COLS, QUANT_N, MATMUL_N, DEVICE = (4096, 4096, 8192, "cuda") if not args.dry_run else (256, 256, 256, "cpu")
 
     try:
         import torch
     except ImportError:
         print("bench_gpu.py: torch is not installed; no CUDA device to measure")
         return 0
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not args.dry_run:
         print("bench_gpu.py: no CUDA device (torch.cuda.is_available() is False); nothing to measure")
         return 0
     import opforge
     import opforge.torch  # noqa: F401  (torch.ops.opforge)
 
     cuda = next((b for b in opforge.backends() if b["name"] == "cuda"), None)
-    if not cuda or not cuda["available"]:  # a GPU but no opforge kernels for it: a broken build
+    if not args.dry_run and (not cuda or not cuda["available"]):  # a GPU but no opforge kernels for it: a broken build
         print(f"bench_gpu.py: torch sees a GPU but opforge's CUDA backend is unavailable: "
               f"{cuda['reason'] if cuda else 'opforge was built without CUDA'}")
         return 1
@@ -345,7 +367,7 @@ def main(argv=None):
         try:
             import jax
 
-            jax.devices("gpu")
+            jax.devices("gpu" if DEVICE == "cuda" else "cpu")
         except Exception as error:  # jax missing or CPU-only: the table simply lacks that column
             print(f"bench_gpu.py: jax.jit left out ({type(error).__name__}: {error})")
             args.no_jax = True
@@ -357,11 +379,14 @@ def main(argv=None):
              "linear_act"]
     with_refs = [n for n in first if n in with_refs] + [n for n in with_refs if n not in first]
     ops = args.ops.split(",") if args.ops else with_refs + ["matmul_q"]
-    props = torch.cuda.get_device_properties(0)
-    l2_bytes = getattr(props, "L2_cache_size", 50 << 20)
+    if args.dry_run:
+        name, l2_bytes = "the CPU (--dry-run: toy sizes, wall clock; not a measurement)", 1 << 20
+    else:
+        props = torch.cuda.get_device_properties(0)
+        name, l2_bytes = props.name, getattr(props, "L2_cache_size", 50 << 20)
     copy_gbs = copy_bandwidth(args.mib << 20, args.repeats)
     mm_tflops = matmul_rate(args.repeats) if "linear_act" in ops else 0.0
-    header = [f"# opforge on {props.name} (torch {torch.__version__})", "",
+    header = [f"# opforge on {name} (torch {torch.__version__})", "",
               f"Device-to-device copy (torch copy_, {args.mib} MiB, read + write): {copy_gbs:.0f} GB/s; "
               f"% of limit below is of that" + (f", or for linear_act of torch.mm float32: {mm_tflops:.1f} TFLOP/s"
                                                 if mm_tflops else "") + ".",
@@ -372,7 +397,7 @@ def main(argv=None):
               "is % of torch.mm's bfloat16 rate."]
     print("\n".join(header) + "\n", flush=True)
     print(f"{'op':<14} {'shape':<22} {'impl':<14} {'median µs':>10} {'rate':>9} {'unit':<8} {'% lim':>6} {'speedup':>9}")
-    title = f"opforge vs competitors (float32, {props.name})"
+    title = f"opforge vs competitors (float32, {name})"
     results = Results(args.out, header, title, copy_gbs)
     # The issue's ops, then matmul_q, then the rest (the quantizers' references are slow NumPy).
     main_ops = [o for o in ops if o in first]

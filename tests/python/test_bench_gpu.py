@@ -1,0 +1,66 @@
+"""bench/bench_gpu.py's own code, run where no GPU is (--dry-run: the CPU, toy sizes, wall clock).
+
+The GPU benchmark runs only in the rare session lent a GPU, inside a time limit; a mistake in the
+harness (a new op's sample, a changed reference, the tables) would cost that session its numbers.
+Here every op it measures must come out with opforge's row and its competitors', and the tables
+must be written. Nothing here looks at the timings.
+"""
+
+import csv
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import opforge
+
+ROOT = Path(__file__).resolve().parents[2]
+# The issue's ops (bench_gpu.py measures them first): each against torch eager and jax.jit.
+ISSUE_OPS = ["rms_norm", "layer_norm", "softmax", "add", "mul", "silu", "gelu", "relu", "rope", "scatter_add",
+             "linear_act"]
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("bench_gpu")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gpu.py"), "--dry-run", "--mib", "1",
+                           "--repeats", "2", "--no-compile", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out / "ops_cuda.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return out, rows, proc.stdout
+
+
+def test_every_op_is_measured(dry_run):
+    _, rows, stdout = dry_run
+    with_refs = [n for n in opforge._core.op_names()
+                 if importlib.util.find_spec(f"opforge.references.{n}") and not n.endswith("_backward")]
+    measured = {r["op"] for r in rows if r["impl"] == "opforge"}
+    assert set(with_refs) | {"linear_act bfloat16", "matmul_q"} <= measured, stdout[-3000:]
+    shapes = {r["shape"] for r in rows if r["op"] == "matmul_q" and r["impl"] == "opforge"}
+    assert len(shapes) == 4, shapes  # Q4_0 and Q8_0, against 1 and 32 rows
+    for r in rows:  # every row is a rate against a limit, and opforge's speedup over it
+        assert float(r["median_us"]) > 0 and float(r["rate"]) > 0 and float(r["opforge_speedup"]) > 0, r
+        assert r["unit"] == ("TFLOP/s" if r["op"].startswith("linear_act") else "GB/s"), r
+
+
+def test_the_issues_ops_have_every_competitor(dry_run):
+    _, rows, stdout = dry_run
+    impls = {(r["op"], r["impl"]) for r in rows}
+    for op in ISSUE_OPS:
+        for impl in ("opforge", "torch eager", "jax.jit"):
+            assert (op, impl) in impls or impl == "jax.jit" and "jax.jit left out" in stdout, (op, impl)
+
+
+def test_the_tables_are_written(dry_run):
+    out, rows, _ = dry_run
+    table = (out / "ops_cuda.md").read_text()
+    assert "--dry-run" in table.splitlines()[0]  # a dry run's table says it is one
+    for op in {r["op"] for r in rows}:
+        assert f"| {op} |" in table, op
+    if importlib.util.find_spec("matplotlib"):
+        assert (out / "ops_cuda.png").stat().st_size > 0
