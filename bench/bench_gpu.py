@@ -8,7 +8,8 @@ rows for --mib MiB per full-size input, plus matmul_q (4096 x 4096 Q4_0 / Q8_0 w
 and 32 activation rows, vs torch's float32 and float16 matmul of the dequantized weights):
 median time, GB/s (bytes read + written once, from the actual arrays), % of the device-to-device
 copy bandwidth measured in the same run (torch copy_, counting read + write), and opforge's
-speedup over each competitor (their time / ours). linear_act is compute-bound: TFLOP/s and % of
+speedup over each competitor (their time / ours); the ggml formats' ops, whose references are
+NumPy on the host (FRAMEWORK_NATIVE = False), against the copy bandwidth alone. linear_act is compute-bound: TFLOP/s and % of
 torch.mm's float32 rate measured in the same run instead; it runs through cuBLASLt where that
 loads, and again with cuBLASLt off ("opforge own": opforge's own tiled kernels); then once more
 in bfloat16 (tensor cores) against torch.mm's bfloat16 rate.
@@ -148,6 +149,8 @@ def implementations(name, ref, attrs, compile_torch, use_jax):
                 opforge._core.set_cublaslt(before)
 
         impls["opforge own"] = (own_kernels, "torch")
+    if not getattr(ref, "FRAMEWORK_NATIVE", True):  # its "torch" and "jax" are NumPy on the host: no competitors
+        return impls
     if hasattr(ref, "torch"):
         impls["torch eager"] = (lambda *a: ref.torch(*a, **attrs), "torch")
         if compile_torch:

@@ -56,6 +56,14 @@ def test_the_issues_ops_have_every_competitor(dry_run):
             assert (op, impl) in impls or impl == "jax.jit" and "jax.jit left out" in stdout, (op, impl)
 
 
+def test_ggml_formats_have_no_false_competitors(dry_run):
+    """The quantizers' and dequantize's references are NumPy transcriptions (no framework has
+    ggml's formats): timing them as "torch eager" would compare a GPU kernel with the host."""
+    _, rows, _ = dry_run
+    for op in ("quantize_q8_0", "quantize_q4_0", "dequantize"):
+        assert {r["impl"] for r in rows if r["op"] == op} == {"opforge"}, op
+
+
 def test_the_tables_are_written(dry_run):
     out, rows, _ = dry_run
     table = (out / "ops_cuda.md").read_text()
