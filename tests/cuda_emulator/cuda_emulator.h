@@ -8,7 +8,8 @@
 // warp operation, where it waits for the threads that operation needs, so the kernels' barriers
 // and shuffles mean what they mean on the GPU, and misuse the hardware would punish (a barrier
 // only part of the block reaches, lanes that disagree on a shuffle's mask, a shuffle from a lane
-// that is not there, a deadlock, more threads than __launch_bounds__) stops the launch with
+// that is not there, a deadlock, more threads than __launch_bounds__, more than 256 threads from a
+// kernel without it, whose registers may not fit such a block) stops the launch with
 // cuda_emu::KernelFault.
 //
 // What it cannot see: timing; data races, except those that the order of turns decides (threads

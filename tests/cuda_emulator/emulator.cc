@@ -28,6 +28,7 @@ constexpr size_t kPage = 4096;
 // unmapped page below and is reported as the thread's.
 constexpr size_t kStackBytes = 256 << 10;
 constexpr unsigned kMaxBlockThreads = 1024;
+constexpr unsigned kUnboundedThreads = 256;  // the largest block whose kernel needs no __launch_bounds__
 
 // Where a fiber (or the scheduler) stopped. On x86-64 a switch saves the callee-saved registers
 // and the stack pointer and loads another's (swapcontext would also save the signal mask, a
@@ -127,6 +128,7 @@ struct Run {
   int barrier_line = 0;
   int barrier_or = 0, released_or = 0;
   std::set<void*> poisoned;  // __shared__ variables this block has declared
+  bool bounded = false;      // the kernel declares __launch_bounds__ (check_launch_bounds ran)
   std::string fault;
 };
 
@@ -345,6 +347,7 @@ int64_t grid_cap() { return block_cap.load(); }
 int64_t set_grid_cap(int64_t blocks) { return block_cap.exchange(blocks); }
 
 void check_launch_bounds(long long max_threads) {
+  if (active) active->bounded = true;
   const ThreadContext& t = *current;
   const long long threads = 1ll * t.block_dim.x * t.block_dim.y * t.block_dim.z;
   if (threads > max_threads)
@@ -390,6 +393,12 @@ void run_grid(const char* name, dim3 grid, dim3 block, size_t shared_bytes, void
     throw;
   }
   active = nullptr;
+  // Without __launch_bounds__ the compiler may give each thread up to 255 registers: 256 threads
+  // always fit the SM's 64K, a bigger block may not (cudaErrorLaunchOutOfResources on the GPU,
+  // depending on the compiler's choices for that kernel).
+  if (threads > kUnboundedThreads && !run.bounded)
+    throw KernelFault(launch + "blocks of " + std::to_string(threads) + " threads and no __launch_bounds__ (more than " +
+                      std::to_string(kUnboundedThreads) + " may not get the registers the compiler chose)");
 }
 
 

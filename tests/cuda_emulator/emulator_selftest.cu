@@ -107,6 +107,10 @@ TEST(CudaEmulator, CatchesWhatTheHardwarePunishes) {
   EXPECT_NE(fault_of([&] { bounded<<<1, 96, 0, nullptr>>>(out.data()); }).find("__launch_bounds__(64)"),
             std::string::npos);
   EXPECT_EQ(fault_of([&] { bounded<<<2, 64, 0, nullptr>>>(out.data()); }), "");
+  // Past 256 threads a kernel must declare its bounds (the registers it may use depend on them).
+  EXPECT_NE(fault_of([&] { nothing<<<1, 512, 0, nullptr>>>(out.data()); }).find("no __launch_bounds__"),
+            std::string::npos);
+  EXPECT_EQ(fault_of([&] { nothing<<<1, 256, 0, nullptr>>>(out.data()); }), "");
   // A warp shuffle in a block of 48 threads names lanes the second warp lacks.
   EXPECT_NE(fault_of([&] { block_sums<<<1, 48, 0, nullptr>>>(out.data(), out.data()); }).find("deadlocked"),
             std::string::npos);
