@@ -42,8 +42,12 @@ target_include_directories(opforge_cuda_emulated_tests PRIVATE ${CUDAToolkit_INC
 target_link_libraries(opforge_cuda_emulated_tests PRIVATE opforge_core GTest::gtest_main)
 # Hidden: the emulated kernels, and the CUDA runtime calls the emulator defines, must not interpose
 # libopforge's own (real) CUDA code, which the test links beside them. -O1 keeps the compile short.
+# UBSan's alignment check: a GPU faults on any access not aligned to its size (a 16-byte vector
+# load from an address 4 bytes in: "misaligned address"), which x86 forgives; here it stops the
+# test naming the source line.
 set_source_files_properties(${emulated_sources} PROPERTIES COMPILE_OPTIONS
-                            "-include;${emulator_dir}/cuda_emulator.h;-O1;-Wno-unknown-pragmas")
+                            "-include;${emulator_dir}/cuda_emulator.h;-O1;-Wno-unknown-pragmas;-fsanitize=alignment;-fno-sanitize-recover=alignment")
+target_link_options(opforge_cuda_emulated_tests PRIVATE -fsanitize=alignment)
 target_compile_options(opforge_cuda_emulated_tests PRIVATE -fvisibility=hidden -fvisibility-inlines-hidden)
 if(OPFORGE_CUBLASLT_INCLUDE_DIR)
   add_library(opforge_cublaslt_mock SHARED ${emulator_dir}/cublaslt_mock.cc)
