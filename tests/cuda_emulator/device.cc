@@ -32,14 +32,17 @@ struct Region {
 // Fills the mapped bytes around an allocation (before its start on the page, after its end up to
 // the next 16 bytes): a write there, which no page boundary catches, shows at release.
 constexpr unsigned char kCanary = 0xa5;
+
 std::mutex memory_mutex;
 std::map<const void*, Region>& regions() {
   static std::map<const void*, Region> table;
   return table;
 }
 
+// The calling thread's runtime state.
 thread_local cudaError_t last_error = cudaSuccess;
 thread_local std::string unchecked_launch;  // note_launch
+thread_local int current = 0;               // the current device
 
 cudaError_t fail_with(cudaError_t e) {
   last_error = e;
@@ -123,7 +126,6 @@ size_t live_allocations() {
 }
 
 namespace {
-thread_local int current = 0;  // the calling thread's current device
 std::mutex event_mutex;
 std::set<const void*>& events() {
   static std::set<const void*> table;
@@ -159,8 +161,9 @@ CUevent_st* live_event(cudaEvent_t event, const char* what) {
 }  // namespace
 }  // namespace cuda_emu
 
-// The CUDA runtime calls opforge's kernels make. Streams are accepted and ignored: every call has
-// finished when it returns.
+// The CUDA runtime calls opforge's kernels and backend make. Each has finished when it returns
+// (streams are recorded, not modelled), except a copy from the device into host memory, which
+// lands at the next synchronize.
 extern "C" {
 
 cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t stream) {

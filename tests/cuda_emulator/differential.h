@@ -131,6 +131,31 @@ struct Outcome {
   std::vector<std::string> kernels;
 };
 
+// What a run on the emulated device must leave behind: every launch and stream-ordered runtime call
+// on the caller's stream with the tensors' device current, the caller's current device back, the
+// inputs' storage (gaps between strided elements too) unchanged, and nothing written beside an
+// allocation (its release checks). Releases the run's device memory.
+inline void expect_clean_device_run(const std::string& name, const Inputs& inputs, const std::vector<void*>& memory) {
+  for (const auto& use : cuda_emu::take_stream_uses()) {
+    if (use.stream != kCallerStream)
+      ADD_FAILURE() << name << ": " << use.what << " on stream " << use.stream << ", not the caller's";
+    if (use.device != kTensorDevice)
+      ADD_FAILURE() << name << ": " << use.what << " with device " << use.device << " current, not the tensors' ("
+                    << kTensorDevice << ")";
+  }
+  if (cuda_emu::current_device() != 0) ADD_FAILURE() << name << ": the caller's current device was not put back";
+  for (size_t i = 0, d = 0; i < inputs.tensors.size(); ++i)
+    if (inputs.tensors[i] && std::memcmp(memory[d++], inputs.tensors[i]->bytes.data(), inputs.tensors[i]->bytes.size()))
+      ADD_FAILURE() << name << ": input " << i << " changed on the device";
+  for (void* p : memory) {
+    try {
+      cuda_emu::release(p);
+    } catch (const cuda_emu::KernelFault& e) {  // a stray write beside an input or a result
+      ADD_FAILURE() << name << ": " << e.what();
+    }
+  }
+}
+
 inline Outcome run_on(const std::string& backend, const std::string& name, const Inputs& inputs) {
   const OpDef& op = find_op(name);
   const bool emulated = backend == kEmulated;
@@ -175,25 +200,7 @@ inline Outcome run_on(const std::string& backend, const std::string& name, const
   }
   set_backend_override("", "");
   out.kernels = cuda_emu::take_launches();
-  for (const auto& use : cuda_emu::take_stream_uses()) {  // all on the caller's stream and the tensors' device
-    if (emulated && use.stream != kCallerStream)
-      ADD_FAILURE() << name << ": " << use.what << " on stream " << use.stream << ", not the caller's";
-    if (emulated && use.device != kTensorDevice)
-      ADD_FAILURE() << name << ": " << use.what << " with device " << use.device << " current, not the tensors' ("
-                    << kTensorDevice << ")";
-  }
-  if (cuda_emu::current_device() != 0) ADD_FAILURE() << name << ": the caller's current device was not put back";
-  // The inputs' storage (gaps between strided elements too) is as it was: no stray writes.
-  for (size_t i = 0, d = 0; emulated && i < inputs.tensors.size(); ++i)
-    if (inputs.tensors[i] && std::memcmp(device_memory[d++], inputs.tensors[i]->bytes.data(), inputs.tensors[i]->bytes.size()))
-      ADD_FAILURE() << name << ": input " << i << " changed on the device";
-  for (void* p : device_memory) {
-    try {
-      cuda_emu::release(p);
-    } catch (const cuda_emu::KernelFault& e) {  // a stray write beside an input or a result
-      ADD_FAILURE() << name << ": " << e.what();
-    }
-  }
+  if (emulated) expect_clean_device_run(name, inputs, device_memory);
   return out;
 }
 
