@@ -45,6 +45,10 @@ COLS = 4096  # the reference ops' columns
 QUANT_N = 4096  # matmul_q's weights: QUANT_N x QUANT_N
 MATMUL_N = 8192  # torch.mm's rate, the linear_act limit
 DEVICE = "cuda"  # "cpu" for --dry-run, with the sizes above cut down
+# The issue's targets (norms, softmax, elementwise, ...), measured first so a --budget-s cut drops
+# the rest.
+ISSUE_OPS = ["rms_norm", "layer_norm", "softmax", "add", "mul", "silu", "gelu", "relu", "rope", "scatter_add",
+             "linear_act"]
 START = time.monotonic()
 FIELDS = ["op", "shape", "impl", "median_us", "rate", "unit", "pct_of_limit", "opforge_speedup"]
 
@@ -377,10 +381,7 @@ def main(argv=None):
 
     with_refs = [n for n in opforge._core.op_names()
                  if importlib.util.find_spec(f"opforge.references.{n}") and not n.endswith("_backward")]
-    # The issue's targets first (norms, softmax, elementwise), so a --budget-s cut drops the rest.
-    first = ["rms_norm", "layer_norm", "softmax", "add", "mul", "silu", "gelu", "relu", "rope", "scatter_add",
-             "linear_act"]
-    with_refs = [n for n in first if n in with_refs] + [n for n in with_refs if n not in first]
+    with_refs = [n for n in ISSUE_OPS if n in with_refs] + [n for n in with_refs if n not in ISSUE_OPS]
     ops = args.ops.split(",") if args.ops else with_refs + ["matmul_q"]
     if args.dry_run:
         name, l2_bytes = "the CPU (--dry-run: toy sizes, wall clock; not a measurement)", 1 << 20
@@ -403,7 +404,7 @@ def main(argv=None):
     title = f"opforge vs competitors (float32, {name})"
     results = Results(args.out, header, title, copy_gbs)
     # The issue's ops, then matmul_q, then the rest (the quantizers' references are slow NumPy).
-    main_ops = [o for o in ops if o in first]
+    main_ops = [o for o in ops if o in ISSUE_OPS]
     bench_reference_ops(main_ops, args, results, copy_gbs, mm_tflops, l2_bytes)
     if "linear_act" in ops:  # where tensor cores count: bfloat16 against torch.mm's bfloat16 rate
         bench_reference_ops(["linear_act"], args, results, copy_gbs, matmul_rate(args.repeats, dtype="bfloat16"),
