@@ -109,13 +109,13 @@ void fail_result_allocation(const OpDef& op, const std::exception& error) {
 }
 
 void run_kernel(const OpDef& op, const Selection& selection, const OpInputs& inputs,
-                std::span<const TensorView> outputs, void* stream) {
+                std::span<const TensorView> outputs, void* stream, ScratchAllocator* scratch) {
   bool all_empty = !outputs.empty();
   for (const auto& out : outputs) all_empty = all_empty && out.numel() == 0;
   if (all_empty) return;
   const Device device = outputs.empty() ? Device{} : outputs.front().device;
   if (device.type != DeviceType::cuda) {
-    selection.fn(KernelCall(op, inputs, outputs, stream));
+    selection.fn(KernelCall(op, inputs, outputs, stream, scratch));
     return;
   }
   // Launches go to the current device: make it the tensors' for the call, then put it back.
@@ -132,7 +132,7 @@ void run_kernel(const OpDef& op, const Selection& selection, const OpInputs& inp
       }
     }
   } restore{backend, previous, device.index};
-  selection.fn(KernelCall(op, inputs, outputs, stream));
+  selection.fn(KernelCall(op, inputs, outputs, stream, scratch));
 }
 
 }  // namespace opforge

@@ -56,7 +56,7 @@ AttrValue read_attr(const ffi::Dictionary& attrs, const OpDef& op, const ArgSpec
 }  // namespace
 
 ffi::Error run(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs, Device device,
-               void* stream) {
+               void* stream, ScratchAllocator* scratch) {
   try {
     auto name = attrs.get<std::string_view>("op");
     if (name.has_error()) return ffi::Error::InvalidArgument("opforge FFI call without an 'op' attribute");
@@ -92,7 +92,7 @@ ffi::Error run(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary
         fail(ErrorKind::runtime, op.name(), "(): XLA result ", i, " is ", dtype_name(outputs.back().dtype),
              outputs.back().shape, ", the shape rule says ", dtype_name(specs[i].dtype), specs[i].shape);
     }
-    run_kernel(op, select_kernel(op, inputs), inputs, outputs, stream);
+    run_kernel(op, select_kernel(op, inputs), inputs, outputs, stream, scratch);
     return ffi::Error::Success();
   } catch (const Error& e) {
     return ffi::Error(e.kind() == ErrorKind::not_implemented ? ffi::ErrorCode::kUnimplemented

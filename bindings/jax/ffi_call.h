@@ -5,6 +5,7 @@
 #pragma once
 
 #include "opforge/device.h"
+#include "opforge/kernel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace opforge::jax {
@@ -12,8 +13,9 @@ namespace opforge::jax {
 namespace ffi = xla::ffi;
 
 // Runs the op on XLA's buffers; `device` is where they live, `stream` XLA's stream (CUDA)
-// or nullptr (CPU). Errors come back as ffi::Error naming the op.
+// or nullptr (CPU), `scratch` XLA's allocator for the kernels' workspaces (CUDA). Errors come
+// back as ffi::Error naming the op.
 ffi::Error run(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs, Device device,
-               void* stream);
+               void* stream, ScratchAllocator* scratch = nullptr);
 
 }  // namespace opforge::jax

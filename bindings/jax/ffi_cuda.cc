@@ -1,12 +1,31 @@
-// The CUDA FFI handler: kernels launch on XLA's stream for the device XLA made current.
+// The CUDA FFI handler: kernels launch on XLA's stream for the device XLA made current, their
+// workspaces from XLA's scratch allocator.
 #include <cuda_runtime_api.h>  // cudaStream_t only; nothing here links the runtime
+
+#include <optional>
 
 #include "ffi_call.h"
 #include "opforge/backend.h"
 
 namespace {
-xla::ffi::Error run_on_cuda(cudaStream_t stream, xla::ffi::RemainingArgs args, xla::ffi::RemainingRets rets,
-                            xla::ffi::Dictionary attrs) {
+
+// The kernels' workspaces from XLA's scratch allocator (its device memory, which XLA takes back
+// once the handler returns: the next user of it runs after this handler's work on XLA's stream).
+class XlaScratch final : public opforge::ScratchAllocator {
+ public:
+  explicit XlaScratch(xla::ffi::ScratchAllocator& xla) : xla_(xla) {}
+  void* allocate(size_t bytes) override {
+    const std::optional<void*> p = xla_.Allocate(bytes, 256);
+    return p ? *p : nullptr;
+  }
+  void release(void*) noexcept override {}  // XLA frees it all at the handler's end
+
+ private:
+  xla::ffi::ScratchAllocator& xla_;
+};
+
+xla::ffi::Error run_on_cuda(cudaStream_t stream, xla::ffi::ScratchAllocator xla_scratch, xla::ffi::RemainingArgs args,
+                            xla::ffi::RemainingRets rets, xla::ffi::Dictionary attrs) {
   // libopforge owns the one CUDA runtime in the process; ask it, not a second copy here.
   int32_t device = 0;
   try {
@@ -14,13 +33,15 @@ xla::ffi::Error run_on_cuda(cudaStream_t stream, xla::ffi::RemainingArgs args, x
   } catch (const std::exception& e) {
     return xla::ffi::Error::Internal(e.what());
   }
-  return opforge::jax::run(args, rets, attrs, opforge::Device{opforge::DeviceType::cuda, device}, stream);
+  XlaScratch scratch(xla_scratch);
+  return opforge::jax::run(args, rets, attrs, opforge::Device{opforge::DeviceType::cuda, device}, stream, &scratch);
 }
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(opforge_xla_ffi_cuda, run_on_cuda,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::ScratchAllocator>()
                                   .RemainingArgs()
                                   .RemainingRets()
                                   .Attrs());

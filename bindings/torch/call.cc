@@ -7,6 +7,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -173,6 +174,38 @@ OwnedTensor from_backend_memory(Backend& backend, const TensorView& view, std::p
   return OwnedTensor(out);
 }
 
+// A CUDA kernel's workspaces from torch's caching allocator (uint8 tensors on the call's device),
+// so memory torch holds cached serves opforge too, and memory opforge used goes back to torch's
+// cache. Allocated with the call's stream current, as torch's allocator expects: a block freed
+// here is reused only by work queued after it on that stream.
+class TorchScratch final : public ScratchAllocator {
+ public:
+  explicit TorchScratch(std::pair<int32_t, int32_t> device) : device_(device) {}
+  void* allocate(size_t bytes) override {
+    const int64_t size = static_cast<int64_t>(bytes), stride = 1;
+    AtenTensorHandle t = nullptr;
+    if (aoti_torch_empty_strided(1, &size, &stride, aoti_torch_dtype_uint8(), device_.first, device_.second, &t) !=
+        AOTI_TORCH_SUCCESS)
+      return nullptr;  // torch's out of memory (its cache already emptied and retried)
+    OwnedTensor owned(t);
+    void* data = nullptr;
+    if (aoti_torch_get_data_ptr(t, &data) != AOTI_TORCH_SUCCESS) return nullptr;
+    held_.emplace_back(data, std::move(owned));
+    return data;
+  }
+  void release(void* p) noexcept override {
+    for (auto it = held_.begin(); it != held_.end(); ++it)
+      if (it->first == p) {
+        held_.erase(it);  // the tensor's storage goes back to torch's cache
+        return;
+      }
+  }
+
+ private:
+  std::pair<int32_t, int32_t> device_;
+  std::vector<std::pair<void*, OwnedTensor>> held_;
+};
+
 // Errors about to cross into torch, newest last, so Python can look up their kind by message.
 // A few suffice: Python asks right after the failing call, possibly from another thread.
 std::mutex error_mutex;
@@ -268,7 +301,9 @@ void run_boxed(const OpDef& op, StableIValue* stack, uint64_t num_args, uint64_t
     check(aoti_torch_get_data_ptr(outputs.back().get(), &view.data), "aoti_torch_get_data_ptr");
     views.push_back(std::move(view));
   }
-  run_kernel(op, selection, inputs, views, stream);
+  std::optional<TorchScratch> scratch;
+  if (device.type == DeviceType::cuda) scratch.emplace(torch_device);
+  run_kernel(op, selection, inputs, views, stream, scratch ? &*scratch : nullptr);
   // torch takes over each result's reference from the stack.
   for (size_t i = 0; i < outputs.size(); ++i) stack[i] = torch::stable::detail::from(outputs[i].release());
 }

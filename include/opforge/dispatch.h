@@ -32,9 +32,10 @@ Device device_of(const OpInputs& inputs);
 // there (out of memory) leaves as Error(runtime) "<op>(): cannot allocate its results: <why>".
 [[noreturn]] void fail_result_allocation(const OpDef& op, const std::exception& error);
 
-// Calls the kernel unless every output is empty.
+// Calls the kernel unless every output is empty. `scratch`: the framework's allocator for the
+// kernel's temporary device memory, if the adapter has one (see KernelCall).
 void run_kernel(const OpDef& op, const Selection& selection, const OpInputs& inputs,
-                std::span<const TensorView> outputs, void* stream);
+                std::span<const TensorView> outputs, void* stream, ScratchAllocator* scratch = nullptr);
 
 // Backend overrides. `op` empty means every op. Set by OPFORGE_BACKEND, the file named by
 // OPFORGE_CONFIG (JSON), or at run time; an empty backend name removes the override.

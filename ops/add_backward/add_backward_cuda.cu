@@ -21,7 +21,7 @@ void reduce(const KernelCall& call, const TensorView& grad, const TensorView& ou
       const cuda::GradTerms<T> terms{grad.data_as<const T>(),
                                      cuda::make_indexer("add_backward", s.kept, s.kept_steps[0]),
                                      cuda::make_indexer("add_backward", s.summed, s.summed_steps[0])};
-      cuda::sum_to_shape("add_backward", out.data_as<T>(), terms, m, r, s.inner_kept, stream);
+      cuda::sum_to_shape(call, out.data_as<T>(), terms, m, r, s.inner_kept);
     }
   });
 }

@@ -16,6 +16,7 @@
 #include <cmath>
 
 #include "opforge/cuda/rows.cuh"
+#include "opforge/cuda/scratch.h"
 #include "opforge/registry.h"
 
 namespace opforge::layer_norm_backward_cuda {
@@ -208,31 +209,25 @@ void run(const KernelCall& call) {
       fail(ErrorKind::not_implemented, "layer_norm_backward(): no integer kernel");
     } else {
       using A = cuda::Acc<T>;
-      A* workspace = nullptr;
       const int threads = cuda::cached_row_threads(x, g, sizeof(T), {&w});
       if (threads && threads <= kFusedThreads<T> && (!gx.numel() || cuda::aligned16(gx.data))) {
         const int64_t fused_chunks = cuda::row_chunks(rows, threads);
         const bool sums = gw.numel() || gb.numel();
-        if (sums)
-          cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), sizeof(A) * 2 * fused_chunks * n,
-                                               stream),
-                           "cudaMallocAsync");
+        const cuda::Scratch partials(call, sums ? sizeof(A) * 2 * fused_chunks * n : 0);
+        A* partial_w = partials.as<A>();
+        A* partial_b = sums ? partial_w + fused_chunks * n : nullptr;
         fused_kernel<T><<<unsigned(fused_chunks), threads, 0, stream>>>(
-            gx.numel() ? gx.data_as<T>() : nullptr, workspace, sums ? workspace + fused_chunks * n : nullptr,
-            g.data_as<const T>(), x.data_as<const T>(), w.data_as<const T>(), rows, n, fused_chunks,
-            call.attr_float("eps"));
-        if (sums) {
+            gx.numel() ? gx.data_as<T>() : nullptr, partial_w, partial_b, g.data_as<const T>(), x.data_as<const T>(),
+            w.data_as<const T>(), rows, n, fused_chunks, call.attr_float("eps"));
+        if (sums)
           combine_kernel<T><<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(
-              gw.numel() ? gw.data_as<T>() : nullptr, gb.numel() ? gb.data_as<T>() : nullptr, workspace,
-              workspace + fused_chunks * n, n, fused_chunks);
-          cuda::check_cuda(op, cudaFreeAsync(workspace, stream), "cudaFreeAsync");
-        }
+              gw.numel() ? gw.data_as<T>() : nullptr, gb.numel() ? gb.data_as<T>() : nullptr, partial_w, partial_b, n,
+              fused_chunks);
         return cuda::check_launch(op);
       }
-      const size_t bytes = sizeof(A) * (3 * rows + 2 * chunks * n);
-      cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), bytes, stream), "cudaMallocAsync");
-      A* moments = workspace;
-      A* partial_w = workspace + 3 * rows;
+      const cuda::Scratch workspace(call, sizeof(A) * (3 * rows + 2 * chunks * n));
+      A* moments = workspace.as<A>();
+      A* partial_w = moments + 3 * rows;
       A* partial_b = partial_w + chunks * n;
       // Results not asked for (output_mask) are empty: no grad_x stores, or no partial sums.
       rows_kernel<T><<<cuda::row_blocks(rows), kThreads, 0, stream>>>(
@@ -248,9 +243,7 @@ void run(const KernelCall& call) {
             gw.numel() ? gw.data_as<T>() : nullptr, gb.numel() ? gb.data_as<T>() : nullptr, partial_w, partial_b, n,
             chunks);
       }
-      // First, so a failed launch leaks nothing.
-      cuda::check_cuda(op, cudaFreeAsync(workspace, stream), "cudaFreeAsync");
-      cuda::check_launch("layer_norm_backward");
+      cuda::check_launch(op);
     }
   });
 }

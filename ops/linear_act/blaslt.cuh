@@ -14,6 +14,7 @@
 
 #include "opforge/cuda/blaslt.h"
 #include "opforge/cuda/common.cuh"
+#include "opforge/cuda/scratch.h"
 #include "opforge/kernel.h"
 
 namespace opforge::linear_act_cuda {
@@ -37,21 +38,23 @@ __global__ void __launch_bounds__(256) finish_rows(const cuda::Acc<T>* z, const 
   }
 }
 
-// out = act(x @ weight^T + bias) (and preact = the sum before act) on `stream`; false, with
+// out = act(x @ weight^T + bias) (and preact = the sum before act) on call's stream; false, with
 // nothing launched, where cuBLASLt is unavailable or declines (x's rows not one stride apart,
-// rows broadcast, a layout or dtype it has no algorithm for).
+// rows broadcast, a layout or dtype it has no algorithm for, no room for a workspace).
 template <typename T, class Act>
 bool forward_blaslt(const char* op, const std::string& act_name, Act act, const TensorView& x,
                     const cuda::Indexer& x_rows, const TensorView& w, const TensorView* bias, T* out, T* preact,
-                    int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+                    int64_t m, int64_t n, int64_t k, const KernelCall& call) {
   using A = cuda::Acc<T>;
+  const cudaStream_t stream = cuda::stream_of(call);
   if (x_rows.rank > 1) return false;  // x's leading dims do not merge into one row stride
   const cuda::blaslt::Operand xa{x.data, row_stride(x_rows, k), x.stride(-1)};
   const cuda::blaslt::Operand wb{w.data, w.stride(0), w.stride(1)};
   // blaslt::matmul's terms for a bias (packed, 16-byte aligned); others go to the finishing pass
   const bool epilogue_bias = !bias || ((bias->stride(0) == 1 || n == 1) && cuda::aligned16(bias->data));
   if ((act_name == "none" || act_name == "relu") && !preact && epilogue_bias) {
-    if (!cuda::blaslt::matmul(op, x.dtype, m, n, k, xa, wb, bias ? bias->data : nullptr, out, x.dtype, stream))
+    if (!cuda::blaslt::matmul(op, x.dtype, m, n, k, xa, wb, bias ? bias->data : nullptr, out, x.dtype, stream,
+                              call.scratch()))
       return false;
     if (act_name == "relu") {
       cuda::launch_map_contiguous<T, 1>(out, {{out}}, m * n, act, stream);  // in place
@@ -62,36 +65,22 @@ bool forward_blaslt(const char* op, const std::string& act_name, Act act, const 
 
   constexpr bool same = std::is_same_v<A, T>;
   const DType acc_dtype = same ? x.dtype : DType::float32;
+  // The product in A: a workspace for the half types (no room: opforge's own kernel needs none).
+  const cuda::Scratch workspace(call.scratch(), same ? 0 : sizeof(A) * m * n, stream);
   A* z = nullptr;
-  if constexpr (same) {
-    z = preact ? preact : out;
-  } else if (cudaMallocAsync(reinterpret_cast<void**>(&z), sizeof(A) * m * n, stream) != cudaSuccess) {
-    cudaGetLastError();  // out of memory for the workspace: opforge's own kernel needs none
-    return false;
-  }
-  const auto release = [&] {
-    if constexpr (!same) cudaFreeAsync(z, stream);
-  };
-  try {
-    if (!cuda::blaslt::matmul(op, x.dtype, m, n, k, xa, wb, nullptr, z, acc_dtype, stream)) {
-      release();
-      return false;
-    }
-    const T* bias_data = bias ? bias->data_as<const T>() : nullptr;
-    const int64_t bias_stride = bias ? bias->stride(0) : 0;
-    const int64_t total = m * n;
-    const unsigned blocks = cuda::blocks_for(total, 256);
-    if (total < (int64_t(1) << 31))
-      finish_rows<T, uint32_t><<<blocks, 256, 0, stream>>>(z, bias_data, bias_stride, out, preact, uint32_t(total),
-                                                            uint32_t(n), act);
-    else
-      finish_rows<T, int64_t><<<blocks, 256, 0, stream>>>(z, bias_data, bias_stride, out, preact, total, n, act);
-    cuda::check_launch(op);
-  } catch (...) {
-    release();
-    throw;
-  }
-  if constexpr (!same) cuda::check_cuda(op, cudaFreeAsync(z, stream), "cudaFreeAsync");
+  if constexpr (same) z = preact ? preact : out;
+  else if (!(z = workspace.as<A>())) return false;
+  if (!cuda::blaslt::matmul(op, x.dtype, m, n, k, xa, wb, nullptr, z, acc_dtype, stream, call.scratch())) return false;
+  const T* bias_data = bias ? bias->data_as<const T>() : nullptr;
+  const int64_t bias_stride = bias ? bias->stride(0) : 0;
+  const int64_t total = m * n;
+  const unsigned blocks = cuda::blocks_for(total, 256);
+  if (total < (int64_t(1) << 31))
+    finish_rows<T, uint32_t><<<blocks, 256, 0, stream>>>(z, bias_data, bias_stride, out, preact, uint32_t(total),
+                                                          uint32_t(n), act);
+  else
+    finish_rows<T, int64_t><<<blocks, 256, 0, stream>>>(z, bias_data, bias_stride, out, preact, total, n, act);
+  cuda::check_launch(op);
   return true;
 }
 

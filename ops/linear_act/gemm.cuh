@@ -153,9 +153,7 @@ inline void forward(const KernelCall& call, const char* op, bool save_preact) {
     const std::string& act_name = call.attr_str("act");
     T* preact = save_preact ? call.output(1).data_as<T>() : nullptr;
     visit_act(act_name, [&](auto act, auto) {
-      if (forward_blaslt<T>(op, act_name, act, x, a.rows, w, bias, out.data_as<T>(), preact, m, n, k,
-                            cuda::stream_of(call)))
-        return;
+      if (forward_blaslt<T>(op, act_name, act, x, a.rows, w, bias, out.data_as<T>(), preact, m, n, k, call)) return;
       const BiasAct<T, decltype(act)> epi{out.data_as<T>(), n, bias ? bias->data_as<const T>() : nullptr,
                                           bias ? bias->stride(0) : 0, act, preact};
       if constexpr (std::is_same_v<T, float>) {

@@ -73,17 +73,20 @@ __global__ void split_kernel(T* hi, T* lo, const float* g, int64_t total) {
 template <typename T>
 bool product_by_blaslt(const char* op, DType dtype, int64_t rows, int64_t cols, int64_t depth, const void* g,
                        const T* hi, const T* lo, cuda::blaslt::Operand g_view, cuda::blaslt::Operand b, void* out,
-                       cudaStream_t stream) {
+                       const KernelCall& call) {
+  const cudaStream_t stream = cuda::stream_of(call);
   if (std::is_same_v<cuda::Acc<T>, T>) {
     g_view.data = g;
-    return cuda::blaslt::matmul(op, dtype, rows, cols, depth, g_view, b, nullptr, out, dtype, stream);
+    return cuda::blaslt::matmul(op, dtype, rows, cols, depth, g_view, b, nullptr, out, dtype, stream, call.scratch());
   }
   cuda::blaslt::Operand lo_view = g_view, hi_view = g_view;
   lo_view.data = lo;
   hi_view.data = hi;
   constexpr double unscale = 1.0 / kPartScale<T>;
-  return cuda::blaslt::matmul(op, dtype, rows, cols, depth, lo_view, b, nullptr, out, dtype, stream, false, unscale) &&
-         cuda::blaslt::matmul(op, dtype, rows, cols, depth, hi_view, b, nullptr, out, dtype, stream, true, unscale);
+  return cuda::blaslt::matmul(op, dtype, rows, cols, depth, lo_view, b, nullptr, out, dtype, stream, call.scratch(),
+                              false, unscale) &&
+         cuda::blaslt::matmul(op, dtype, rows, cols, depth, hi_view, b, nullptr, out, dtype, stream, call.scratch(),
+                              true, unscale);
 }
 
 void run(const KernelCall& call) {
@@ -112,76 +115,67 @@ void run(const KernelCall& call) {
     // parts are made for it).
     const bool by_blaslt = x_rows.rank <= 1 && cuda::blaslt::ready();
     const int64_t parts = half && by_blaslt ? 2 : 0;
-    char* workspace = nullptr;
-    cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), (sizeof(A) + parts * sizeof(T)) * m * n,
-                                         stream),
-                     "cudaMallocAsync");
-    A* g = reinterpret_cast<A*>(workspace);
+    const cuda::Scratch workspace(call, (sizeof(A) + parts * sizeof(T)) * m * n);
+    A* g = workspace.as<A>();
     T* hi = parts ? reinterpret_cast<T*>(g + m * n) : nullptr;
     T* lo = parts ? hi + m * n : nullptr;
-    try {
-      const cuda::Indexer x_cols = cuda::make_indexer(op, {k}, {x.stride(-1)});
-      const Mat<T> xa{x.data_as<const T>(), x_rows, x_cols};
-      const int64_t x_row_stride = row_stride(x_rows, k);
-      const T* bias_data = bias ? bias->data_as<const T>() : nullptr;
-      const int64_t bias_stride = bias ? bias->stride(0) : 0;
-      const cuda::Indexer g_plain = cuda::make_indexer(op, {m}, {n});
-      visit_act(call.attr_str("act"), [&](auto, auto act_grad) {
-        // act='none' needs no z (g = grad; IdentityGrad ignores the grad passed as z).
-        constexpr bool identity = std::is_same_v<decltype(act_grad), IdentityGrad>;
-        if (preact || identity) {
-          const TensorView& z = identity ? grad : *preact;
-          const cuda::Indexer z_rows = cuda::make_indexer(op, lead, {z.strides.begin(), z.strides.end() - 1});
-          grad_from_preact<T><<<cuda::blocks_for(m * n, 256), 256, 0, stream>>>(
-              g, m, n, grad.data_as<const T>(), g_rows, grad.stride(-1), z.data_as<const T>(), z_rows, z.stride(-1),
-              static_cast<const T*>(nullptr), 0, act_grad);
-          return cuda::check_launch(op);
-        }
-        // z = x @ weight^T by cuBLASLt, in the accumulation type, into g's buffer; then g =
-        // grad * act'(z + bias) in place. Else one tiled product whose epilogue forms g.
-        if (by_blaslt && cuda::blaslt::matmul(op, x.dtype, m, n, k, {x.data, x_row_stride, x.stride(-1)},
-                                              {w.data, w.stride(0), w.stride(1)}, nullptr, g,
-                                              half ? DType::float32 : x.dtype, stream)) {
-          grad_from_preact<T><<<cuda::blocks_for(m * n, 256), 256, 0, stream>>>(
-              g, m, n, grad.data_as<const T>(), g_rows, grad.stride(-1), static_cast<const A*>(g), g_plain, 1,
-              bias_data, bias_stride, act_grad);
-          return cuda::check_launch(op);
-        }
-        const GradAct<T, decltype(act_grad)> epi{g, n, grad.data_as<const T>(), g_rows, grad.stride(-1), bias_data,
-                                                 bias_stride, act_grad};
-        gemm<A>(op, m, n, k, xa, matrix(op, w.data_as<const T>(), n, w.stride(0), k, w.stride(1)), epi, stream);
-      });
-      if constexpr (half) {
-        if (parts) {
-          split_kernel<T><<<cuda::blocks_for(m * n, 256), 256, 0, stream>>>(hi, lo, g, m * n);
-          cuda::check_launch(op);
-        }
+    const cuda::Indexer x_cols = cuda::make_indexer(op, {k}, {x.stride(-1)});
+    const Mat<T> xa{x.data_as<const T>(), x_rows, x_cols};
+    const int64_t x_row_stride = row_stride(x_rows, k);
+    const T* bias_data = bias ? bias->data_as<const T>() : nullptr;
+    const int64_t bias_stride = bias ? bias->stride(0) : 0;
+    const cuda::Indexer g_plain = cuda::make_indexer(op, {m}, {n});
+    visit_act(call.attr_str("act"), [&](auto, auto act_grad) {
+      // act='none' needs no z (g = grad; IdentityGrad ignores the grad passed as z).
+      constexpr bool identity = std::is_same_v<decltype(act_grad), IdentityGrad>;
+      if (preact || identity) {
+        const TensorView& z = identity ? grad : *preact;
+        const cuda::Indexer z_rows = cuda::make_indexer(op, lead, {z.strides.begin(), z.strides.end() - 1});
+        grad_from_preact<T><<<cuda::blocks_for(m * n, 256), 256, 0, stream>>>(
+            g, m, n, grad.data_as<const T>(), g_rows, grad.stride(-1), z.data_as<const T>(), z_rows, z.stride(-1),
+            static_cast<const T*>(nullptr), 0, act_grad);
+        return cuda::check_launch(op);
       }
-      // Only the results asked for (output_mask; the others are empty, k == 0 makes both empty).
-      // grad_x[a, b] = sum_p g[a, p] weight[p, b]; grad_weight[a, b] = sum_p g[p, a] x[p, b].
-      if (call.output(0).numel() &&
-          !(by_blaslt && product_by_blaslt<T>(op, x.dtype, m, k, n, g, hi, lo, {nullptr, n, 1},
-                                              {w.data, w.stride(1), w.stride(0)}, call.output(0).data, stream))) {
-        const BiasAct<T, Identity> gx{call.output(0).data_as<T>(), k, nullptr, 0, Identity{}};
-        const Mat<T> w_t = matrix(op, w.data_as<const T>(), k, w.stride(1), n, w.stride(0));
-        gemm<A>(op, m, k, n, matrix<A>(op, g, m, n, n, 1), w_t, gx, stream);
+      // z = x @ weight^T by cuBLASLt, in the accumulation type, into g's buffer; then g =
+      // grad * act'(z + bias) in place. Else one tiled product whose epilogue forms g.
+      if (by_blaslt && cuda::blaslt::matmul(op, x.dtype, m, n, k, {x.data, x_row_stride, x.stride(-1)},
+                                            {w.data, w.stride(0), w.stride(1)}, nullptr, g,
+                                            half ? DType::float32 : x.dtype, stream, call.scratch())) {
+        grad_from_preact<T><<<cuda::blocks_for(m * n, 256), 256, 0, stream>>>(
+            g, m, n, grad.data_as<const T>(), g_rows, grad.stride(-1), static_cast<const A*>(g), g_plain, 1,
+            bias_data, bias_stride, act_grad);
+        return cuda::check_launch(op);
       }
-      if (call.output(1).numel() &&
-          !(by_blaslt && product_by_blaslt<T>(op, x.dtype, n, k, m, g, hi, lo, {nullptr, 1, n},
-                                              {x.data, x.stride(-1), x_row_stride}, call.output(1).data, stream))) {
-        const BiasAct<T, Identity> gw{call.output(1).data_as<T>(), k, nullptr, 0, Identity{}};
-        gemm<A>(op, n, k, m, matrix<A>(op, g, n, 1, m, n), Mat<T>{x.data_as<const T>(), x_cols, x_rows}, gw, stream);
+      const GradAct<T, decltype(act_grad)> epi{g, n, grad.data_as<const T>(), g_rows, grad.stride(-1), bias_data,
+                                               bias_stride, act_grad};
+      gemm<A>(op, m, n, k, xa, matrix(op, w.data_as<const T>(), n, w.stride(0), k, w.stride(1)), epi, stream);
+    });
+    if constexpr (half) {
+      if (parts) {
+        split_kernel<T><<<cuda::blocks_for(m * n, 256), 256, 0, stream>>>(hi, lo, g, m * n);
+        cuda::check_launch(op);
       }
-      // grad_bias: g's columns summed (opforge/cuda/sum_to_shape.cuh: chunks of rows, then in order).
-      if (call.output(2).numel()) {
-        const cuda::GradTerms<A> columns{g, cuda::make_indexer(op, {n}, {1}), cuda::make_indexer(op, {m}, {n})};
-        cuda::sum_to_shape(op, call.output(2).data_as<T>(), columns, n, m, /*inner_kept=*/true, stream);
-      }
-    } catch (...) {  // a failed launch (gemm checks each of its own) must not leak the workspace
-      cudaFreeAsync(workspace, stream);
-      throw;
     }
-    cuda::check_cuda(op, cudaFreeAsync(workspace, stream), "cudaFreeAsync");
+    // Only the results asked for (output_mask; the others are empty, k == 0 makes both empty).
+    // grad_x[a, b] = sum_p g[a, p] weight[p, b]; grad_weight[a, b] = sum_p g[p, a] x[p, b].
+    if (call.output(0).numel() &&
+        !(by_blaslt && product_by_blaslt<T>(op, x.dtype, m, k, n, g, hi, lo, {nullptr, n, 1},
+                                            {w.data, w.stride(1), w.stride(0)}, call.output(0).data, call))) {
+      const BiasAct<T, Identity> gx{call.output(0).data_as<T>(), k, nullptr, 0, Identity{}};
+      const Mat<T> w_t = matrix(op, w.data_as<const T>(), k, w.stride(1), n, w.stride(0));
+      gemm<A>(op, m, k, n, matrix<A>(op, g, m, n, n, 1), w_t, gx, stream);
+    }
+    if (call.output(1).numel() &&
+        !(by_blaslt && product_by_blaslt<T>(op, x.dtype, n, k, m, g, hi, lo, {nullptr, 1, n},
+                                            {x.data, x.stride(-1), x_row_stride}, call.output(1).data, call))) {
+      const BiasAct<T, Identity> gw{call.output(1).data_as<T>(), k, nullptr, 0, Identity{}};
+      gemm<A>(op, n, k, m, matrix<A>(op, g, n, 1, m, n), Mat<T>{x.data_as<const T>(), x_cols, x_rows}, gw, stream);
+    }
+    // grad_bias: g's columns summed (opforge/cuda/sum_to_shape.cuh: chunks of rows, then in order).
+    if (call.output(2).numel()) {
+      const cuda::GradTerms<A> columns{g, cuda::make_indexer(op, {n}, {1}), cuda::make_indexer(op, {m}, {n})};
+      cuda::sum_to_shape(call, call.output(2).data_as<T>(), columns, n, m, /*inner_kept=*/true);
+    }
   });
 }
 

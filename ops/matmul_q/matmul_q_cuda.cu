@@ -15,6 +15,7 @@
 //               Splitting the dot products from the ordered sum keeps all 256 threads busy even
 //               for one activation row, where a thread per output would leave the GPU idle.
 #include "opforge/cuda/ggml_quant.cuh"
+#include "opforge/cuda/scratch.h"
 #include "opforge/registry.h"
 
 namespace opforge::matmul_q_cuda {
@@ -131,15 +132,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The quantized activations, freed on the stream however run() leaves (a failed launch throws).
-struct Workspace {
-  void* ptr = nullptr;
-  cudaStream_t stream;
-  ~Workspace() {
-    if (ptr) cudaFreeAsync(ptr, stream);
-  }
-};
-
 void run(const KernelCall& call) {
   const char* op = "matmul_q";
   const TensorView& x = call.tensor("x");
@@ -150,13 +142,13 @@ void run(const KernelCall& call) {
   const int64_t m = out.numel() / n;  // out is not empty: run_kernel skips empty results
   const int64_t blocks = m * nb;
   cudaStream_t stream = cuda::stream_of(call);
-  Workspace workspace{nullptr, stream};
   QuantizedX xq{nullptr, nullptr, nullptr};
   const cuda::BlockWalk walk = cuda::block_walk(op, x);
-  if (blocks > 0) {  // k == 0 leaves nothing to quantize; the products are empty sums (0)
-    cuda::check_cuda(op, cudaMallocAsync(&workspace.ptr, blocks * (quant::kBlock + 8), stream), "cudaMallocAsync");
-    xq.q = static_cast<int32_t*>(workspace.ptr);
-    xq.d = reinterpret_cast<float*>(static_cast<char*>(workspace.ptr) + blocks * quant::kBlock);
+  // The quantized activations (none for k == 0: the products are empty sums, 0).
+  const cuda::Scratch workspace(call, blocks * (quant::kBlock + 8));
+  if (blocks > 0) {
+    xq.q = workspace.as<int32_t>();
+    xq.d = reinterpret_cast<float*>(workspace.as<char>() + blocks * quant::kBlock);
     xq.sum = reinterpret_cast<int32_t*>(xq.d + blocks);
   }
   WeightView wv{w.data_as<const uint8_t>(), w.stride(0), w.stride(1), false};

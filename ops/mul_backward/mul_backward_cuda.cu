@@ -44,7 +44,7 @@ void reduce(const KernelCall& call, const TensorView& grad, const TensorView& ot
                                   cuda::make_indexer(op, s.summed, s.summed_steps[0]),
                                   cuda::make_indexer(op, s.kept, s.kept_steps[1]),
                                   cuda::make_indexer(op, s.summed, s.summed_steps[1])};
-      cuda::sum_to_shape(op, out.data_as<T>(), terms, m, r, s.inner_kept, stream);
+      cuda::sum_to_shape(call, out.data_as<T>(), terms, m, r, s.inner_kept);
     }
   });
 }

@@ -15,6 +15,7 @@
 #include <cmath>
 
 #include "opforge/cuda/rows.cuh"
+#include "opforge/cuda/scratch.h"
 #include "opforge/registry.h"
 
 namespace opforge::rms_norm_backward_cuda {
@@ -146,28 +147,21 @@ void run(const KernelCall& call) {
       fail(ErrorKind::not_implemented, "rms_norm_backward(): no integer kernel");
     } else {
       using A = cuda::Acc<T>;
-      A* workspace = nullptr;
       const int threads = cuda::cached_row_threads(x, g, sizeof(T), {&w});
       if (threads && threads <= kFusedThreads<T> && (!gx.numel() || cuda::aligned16(gx.data))) {
         const int64_t fused_chunks = cuda::row_chunks(rows, threads);
-        if (gw.numel())
-          cuda::check_cuda(op,
-                           cudaMallocAsync(reinterpret_cast<void**>(&workspace), sizeof(A) * fused_chunks * n, stream),
-                           "cudaMallocAsync");
+        const cuda::Scratch partials(call, gw.numel() ? sizeof(A) * fused_chunks * n : 0);
         fused_kernel<T><<<unsigned(fused_chunks), threads, 0, stream>>>(
-            gx.numel() ? gx.data_as<T>() : nullptr, workspace, g.data_as<const T>(), x.data_as<const T>(),
+            gx.numel() ? gx.data_as<T>() : nullptr, partials.as<A>(), g.data_as<const T>(), x.data_as<const T>(),
             w.data_as<const T>(), rows, n, fused_chunks, call.attr_float("eps"));
-        if (gw.numel()) {
-          combine_kernel<T><<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(gw.data_as<T>(), workspace, n,
-                                                                                   fused_chunks);
-          cuda::check_cuda(op, cudaFreeAsync(workspace, stream), "cudaFreeAsync");
-        }
+        if (gw.numel())
+          combine_kernel<T><<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(gw.data_as<T>(), partials.as<A>(),
+                                                                                   n, fused_chunks);
         return cuda::check_launch(op);
       }
-      const size_t bytes = sizeof(A) * (rows + chunks * n);
-      cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), bytes, stream), "cudaMallocAsync");
-      A* inv = workspace;
-      A* partial = workspace + rows;
+      const cuda::Scratch workspace(call, sizeof(A) * (rows + chunks * n));
+      A* inv = workspace.as<A>();
+      A* partial = inv + rows;
       // Results not asked for (output_mask) are empty: no grad_x stores, or no partial sums.
       rows_kernel<T><<<cuda::row_blocks(rows), kThreads, 0, stream>>>(
           gx.numel() ? gx.data_as<T>() : nullptr, inv, g.data_as<const T>(), g_rows, g.stride(-1),
@@ -179,9 +173,7 @@ void run(const KernelCall& call) {
                                                          x.data_as<const T>(), x_rows, x.stride(-1), rows, n, chunks);
         combine_kernel<T><<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(gw.data_as<T>(), partial, n, chunks);
       }
-      // First, so a failed launch leaks nothing.
-      cuda::check_cuda(op, cudaFreeAsync(workspace, stream), "cudaFreeAsync");
-      cuda::check_launch("rms_norm_backward");
+      cuda::check_launch(op);
     }
   });
 }

@@ -6,6 +6,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "opforge/cuda/common.cuh"
+#include "opforge/cuda/scratch.h"
 #include "opforge/registry.h"
 #include "ops/scatter_add/scatter_index.cuh"
 
@@ -77,44 +78,36 @@ void run(const KernelCall& call) {
                                                        static_cast<int64_t*>(nullptr), n, 0, end_bit, stream),
                    "cub::DeviceRadixSort sizing");
   const size_t words = 4 * n + (dim_size + 1) + 1;
-  char* workspace = nullptr;
-  cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&workspace), words * 8 + sort_bytes, stream),
-                   "cudaMallocAsync");
-  Key* keys = reinterpret_cast<Key*>(workspace);
+  const cuda::Scratch workspace(call, words * 8 + sort_bytes);
+  Key* keys = workspace.as<Key>();
   Key* sorted = keys + n;
   int64_t* positions = reinterpret_cast<int64_t*>(sorted + n);
   int64_t* order = positions + n;
   int64_t* start = order + n;
   Key* scratch = reinterpret_cast<Key*>(start + dim_size + 1);
-  void* sort_storage = workspace + words * 8;
-  try {
-    if (const auto bad = scatter_cuda::read_index(call, keys, scratch, dim_size))
-      scatter::fail_index(call, "dim_size", dim_size, bad->second, bad->first);
-    if (n > 0) {
-      iota_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(positions, n);
-      cuda::check_launch(op);  // before cub, which would report this launch's error as its own
-      cuda::check_cuda(op, cub::DeviceRadixSort::SortPairs(sort_storage, sort_bytes, keys, sorted, positions, order,
-                                                           n, 0, end_bit, stream),
-                       "cub::DeviceRadixSort::SortPairs");
-    }
-    start_kernel<<<cuda::blocks_for(dim_size + 1, kThreads), kThreads, 0, stream>>>(start, sorted, n, dim_size);
-    cuda::check_launch(op);
-    cuda::visit(src.dtype, op, [&](auto tag) {
-      using T = decltype(tag);
-      if constexpr (std::is_integral_v<T>) {
-        fail(ErrorKind::not_implemented, "scatter_add(): no integer kernel");
-      } else {
-        const int64_t total = out.numel();
-        sum_kernel<T><<<cuda::blocks_for(total, kThreads), kThreads, 0, stream>>>(
-            out.data_as<T>(), src.data_as<const T>(), s, start, order, dim_size, total);
-      }
-    });
-    cuda::check_launch(op);
-  } catch (...) {
-    cudaFreeAsync(workspace, stream);
-    throw;
+  void* sort_storage = workspace.as<char>() + words * 8;
+  if (const auto bad = scatter_cuda::read_index(call, keys, scratch, dim_size))
+    scatter::fail_index(call, "dim_size", dim_size, bad->second, bad->first);
+  if (n > 0) {
+    iota_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(positions, n);
+    cuda::check_launch(op);  // before cub, which would report this launch's error as its own
+    cuda::check_cuda(op, cub::DeviceRadixSort::SortPairs(sort_storage, sort_bytes, keys, sorted, positions, order,
+                                                         n, 0, end_bit, stream),
+                     "cub::DeviceRadixSort::SortPairs");
   }
-  cuda::check_cuda(op, cudaFreeAsync(workspace, stream), "cudaFreeAsync");
+  start_kernel<<<cuda::blocks_for(dim_size + 1, kThreads), kThreads, 0, stream>>>(start, sorted, n, dim_size);
+  cuda::check_launch(op);
+  cuda::visit(src.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_integral_v<T>) {
+      fail(ErrorKind::not_implemented, "scatter_add(): no integer kernel");
+    } else {
+      const int64_t total = out.numel();
+      sum_kernel<T><<<cuda::blocks_for(total, kThreads), kThreads, 0, stream>>>(
+          out.data_as<T>(), src.data_as<const T>(), s, start, order, dim_size, total);
+    }
+  });
+  cuda::check_launch(op);
 }
 
 OPFORGE_KERNEL(scatter_add, "cuda", float_dtypes(), run);

@@ -1,6 +1,7 @@
 // scatter_add_backward on CUDA: the index is checked first (one wait on the stream, see
 // scatter_index.cuh), then one thread per output element gathers it.
 #include "opforge/cuda/common.cuh"
+#include "opforge/cuda/scratch.h"
 #include "opforge/registry.h"
 #include "ops/scatter_add/scatter_index.cuh"
 
@@ -25,23 +26,17 @@ void run(const KernelCall& call) {
   const int64_t n = call.tensor("index").shape[0];
   cudaStream_t stream = cuda::stream_of(call);
   const auto s = scatter_cuda::slice_indexers(op, grad, dim);
-  unsigned long long* keys = nullptr;
-  cuda::check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&keys), 8 * (n + 1), stream), "cudaMallocAsync");
-  try {
-    if (const auto bad = scatter_cuda::read_index(call, keys, keys + n, grad.shape[dim]))
-      scatter::fail_index(call, "grad.shape[dim]", grad.shape[dim], bad->second, bad->first);
-    cuda::visit(grad.dtype, op, [&](auto tag) {
-      using T = decltype(tag);
-      const int64_t total = out.numel();
-      gather_kernel<T><<<cuda::blocks_for(total, kThreads), kThreads, 0, stream>>>(
-          out.data_as<T>(), grad.data_as<const T>(), s, keys, n, total);
-    });
-    cuda::check_launch(op);
-  } catch (...) {
-    cudaFreeAsync(keys, stream);
-    throw;
-  }
-  cuda::check_cuda(op, cudaFreeAsync(keys, stream), "cudaFreeAsync");
+  const cuda::Scratch workspace(call, 8 * (n + 1));
+  auto* keys = workspace.as<unsigned long long>();
+  if (const auto bad = scatter_cuda::read_index(call, keys, keys + n, grad.shape[dim]))
+    scatter::fail_index(call, "grad.shape[dim]", grad.shape[dim], bad->second, bad->first);
+  cuda::visit(grad.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t total = out.numel();
+    gather_kernel<T><<<cuda::blocks_for(total, kThreads), kThreads, 0, stream>>>(
+        out.data_as<T>(), grad.data_as<const T>(), s, keys, n, total);
+  });
+  cuda::check_launch(op);
 }
 
 OPFORGE_KERNEL(scatter_add_backward, "cuda", float_dtypes(), run);

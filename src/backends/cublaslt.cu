@@ -17,6 +17,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+
+#include "opforge/cuda/scratch.h"
 #endif
 
 namespace opforge::cuda::blaslt {
@@ -31,8 +33,8 @@ Calls calls() { return {taken.load(), declined.load()}; }
 
 #if !OPFORGE_WITH_CUBLASLT
 
-bool matmul(const char*, DType, int64_t, int64_t, int64_t, Operand, Operand, const void*, void*, DType, void*, bool,
-            double) {
+bool matmul(const char*, DType, int64_t, int64_t, int64_t, Operand, Operand, const void*, void*, DType, void*,
+            ScratchAllocator*, bool, double) {
   return false;
 }
 std::string status() { return "not built in (cublasLt.h was not found when opforge was compiled)"; }
@@ -186,10 +188,22 @@ uint32_t alignment(const void* p) {
 using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, uint32_t, uint32_t,
                        uint32_t, uint32_t>;
 
+// cuBLASLt's choice for a Key: whether it has one, the algorithm, and the workspace it needs.
+struct Choice {
+  bool usable;
+  cublasLtMatmulAlgo_t algo;
+  size_t workspace;
+};
+
+struct PerDevice {
+  cublasLtHandle_t handle = nullptr;  // nullptr: cublasLtCreate failed
+  uint64_t workspace = 0;             // the most workspace offered to the heuristic
+};
+
 struct Handles {
   std::mutex mutex;
-  std::map<int, cublasLtHandle_t> per_device;  // a failed create is kept as nullptr
-  std::map<Key, std::pair<bool, cublasLtMatmulAlgo_t>> algos;
+  std::map<int, PerDevice> per_device;
+  std::map<Key, Choice> algos;
   std::string create_failure;  // the last cublasLtCreate that failed, for status()
 };
 
@@ -230,7 +244,8 @@ std::string status() {
 namespace {
 
 bool matmul_or_decline(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b,
-                       const void* bias, void* out, DType out_dtype, void* stream, bool accumulate, double alpha) {
+                       const void* bias, void* out, DType out_dtype, void* stream, ScratchAllocator* scratch,
+                       bool accumulate, double alpha) {
   if (m <= 0 || n <= 0 || k <= 0) return false;
   const Library& lib = library();
   if (!lib.handle.load(std::memory_order_acquire)) return false;
@@ -286,27 +301,31 @@ bool matmul_or_decline(const char* op, DType dtype, int64_t m, int64_t n, int64_
   check(lib.cublasLtMatrixLayoutCreate(&ld.value, out_type, uint64_t(n), uint64_t(m), n), "cublasLtMatrixLayoutCreate");
 
   cublasLtHandle_t handle = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  Choice choice{};
   {
     Handles& h = handles();
     std::lock_guard<std::mutex> lock(h.mutex);
-    auto [it, fresh] = h.per_device.emplace(device, nullptr);
+    auto [it, fresh] = h.per_device.emplace(device, PerDevice{});
     if (fresh) {
-      const cublasStatus_t created = lib.cublasLtCreate(&it->second);
+      const cublasStatus_t created = lib.cublasLtCreate(&it->second.handle);
       if (created != CUBLAS_STATUS_SUCCESS) {
-        it->second = nullptr;
+        it->second.handle = nullptr;
         h.create_failure = str("cublasLtCreate failed on device ", device, " (", status_name(created), ")");
       }
+      int major = 0;
+      if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+        cudaGetLastError();  // 0: the smaller workspace
+      it->second.workspace = workspace_bytes(major);
     }
-    handle = it->second;
+    handle = it->second.handle;
     if (!handle) return false;
     auto found = h.algos.find(key);
     if (found == h.algos.end()) {
       Owned<cublasLtMatmulPreference_t> pref(lib.cublasLtMatmulPreferenceDestroy);
       check(lib.cublasLtMatmulPreferenceCreate(&pref.value), "cublasLtMatmulPreferenceCreate");
-      // No workspace (so no split-K reductions in scratch memory): the results do not depend on
-      // a buffer shared between streams, and nothing is allocated behind the caller's back.
-      const uint64_t workspace = 0;
+      // The workspace is the call's own (stream-ordered, from the framework or opforge's pool),
+      // never one buffer shared between streams, so results do not depend on which stream ran.
+      const uint64_t workspace = it->second.workspace;
       const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
           {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
           {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
@@ -323,23 +342,25 @@ bool matmul_or_decline(const char* op, DType dtype, int64_t m, int64_t n, int64_
       const cublasStatus_t s = lib.cublasLtMatmulAlgoGetHeuristic(handle, desc.value, la.value, lb.value, ld.value,
                                                                   ld.value, pref.value, 1, &result, &count);
       const bool usable = s == CUBLAS_STATUS_SUCCESS && count > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-      found = h.algos.emplace(key, std::make_pair(usable, result.algo)).first;
+      found = h.algos.emplace(key, Choice{usable, result.algo, usable ? result.workspaceSize : 0}).first;
     }
-    if (!found->second.first) return false;  // cuBLASLt has no algorithm for this case
-    algo = found->second.second;
+    choice = found->second;
+    if (!choice.usable) return false;  // cuBLASLt has no algorithm for this case
   }
+  const Scratch workspace(scratch, choice.workspace, static_cast<cudaStream_t>(stream));
+  if (choice.workspace && !workspace.data()) return false;  // no room: opforge's own kernel needs none
   const float alpha_f = static_cast<float>(alpha), beta_f = accumulate ? 1.f : 0.f;
   const double alpha_d = alpha, beta_d = accumulate ? 1.0 : 0.0;
   const bool wide = scale == CUDA_R_64F;
   const cublasStatus_t s =
       lib.cublasLtMatmul(handle, desc.value, wide ? static_cast<const void*>(&alpha_d) : &alpha_f, b.data, la.value, a.data,
                          lb.value, wide ? static_cast<const void*>(&beta_d) : &beta_f, out, ld.value, out, ld.value,
-                         &algo, nullptr, 0, static_cast<cudaStream_t>(stream));
+                         &choice.algo, workspace.data(), choice.workspace, static_cast<cudaStream_t>(stream));
   if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
     // Refused before launching anything (the heuristic offered the algorithm, the call declined
     // it): remember, and let the caller run its own kernel.
     std::lock_guard<std::mutex> lock(handles().mutex);
-    handles().algos[key].first = false;
+    handles().algos[key].usable = false;
     return false;
   }
   check(s, "cublasLtMatmul");
@@ -349,9 +370,10 @@ bool matmul_or_decline(const char* op, DType dtype, int64_t m, int64_t n, int64_
 }  // namespace
 
 bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const void* bias,
-            void* out, DType out_dtype, void* stream, bool accumulate, double scale) {
+            void* out, DType out_dtype, void* stream, ScratchAllocator* scratch, bool accumulate, double scale) {
   if (!enabled.load()) return false;
-  const bool ran = matmul_or_decline(op, dtype, m, n, k, a, b, bias, out, out_dtype, stream, accumulate, scale);
+  const bool ran =
+      matmul_or_decline(op, dtype, m, n, k, a, b, bias, out, out_dtype, stream, scratch, accumulate, scale);
   ++(ran ? taken : declined);
   return ran;
 }

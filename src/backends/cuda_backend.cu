@@ -2,9 +2,12 @@
 // unavailable (with the driver's reason) on machines without a GPU, and never aborts.
 #include <cuda_runtime.h>
 
+#include <map>
 #include <memory>
+#include <mutex>
 
 #include "opforge/backend.h"
+#include "opforge/cuda/scratch.h"
 #include "opforge/error.h"
 
 // The host CUDA emulator's tests compile this file as their emulated device's backend, under
@@ -14,6 +17,57 @@
 #endif
 
 namespace opforge {
+
+namespace cuda {
+namespace {
+
+// opforge's memory pool on `device`, made at its first use with kPoolKeepBytes as its release
+// threshold; nullptr where the device cannot make one (the runtime's default pool then).
+cudaMemPool_t pool_of(int device) {
+  static std::mutex mutex;
+  static auto* pools = new std::map<int, cudaMemPool_t>;  // never destroyed: the runtime may be gone at exit
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, fresh] = pools->emplace(device, nullptr);
+  if (!fresh) return it->second;
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool = nullptr;
+  if (cudaMemPoolCreate(&pool, &props) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  uint64_t keep = kPoolKeepBytes;
+  if (cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess)
+    cudaGetLastError();  // a pool that keeps nothing still allocates
+  return it->second = pool;
+}
+
+}  // namespace
+
+cudaError_t pool_allocate(void** p, size_t bytes, cudaStream_t stream) {
+  *p = nullptr;
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status == cudaSuccess) {
+    const cudaMemPool_t pool = pool_of(device);
+    const size_t n = bytes ? bytes : 1;
+    status = pool ? cudaMallocFromPoolAsync(p, n, pool, stream) : cudaMallocAsync(p, n, stream);
+  }
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    *p = nullptr;
+  }
+  return status;
+}
+
+void pool_release(void* p, cudaStream_t stream) noexcept {
+  if (p && cudaFreeAsync(p, stream) != cudaSuccess) cudaGetLastError();
+}
+
+}  // namespace cuda
 
 namespace {
 
@@ -63,10 +117,11 @@ class CudaBackend final : public Backend {
   }
   int32_t exchange_device(int32_t index) override { return exchange(index); }
 
+  // From opforge's pool (opforge/cuda/scratch.h), which keeps memory across synchronizations.
   void* allocate(int64_t bytes, Device device, void* stream) override {
     OnDevice scope(device.index);
     void* p = nullptr;
-    check(cudaMallocAsync(&p, bytes ? bytes : 1, static_cast<cudaStream_t>(stream)), "cudaMallocAsync");
+    check(cuda::pool_allocate(&p, size_t(bytes), static_cast<cudaStream_t>(stream)), "allocating from its pool");
     return p;
   }
   void* fence(Device device, void* stream) override {
@@ -78,7 +133,7 @@ class CudaBackend final : public Backend {
     check(status, "cudaEventRecord");
     return event;
   }
-  // cudaFree does not wait for memory from cudaMallocAsync: the free is queued on this thread's
+  // cudaFree does not wait for stream-ordered memory: the free is queued on this thread's
   // default stream behind the fence, not on the caller's stream, which may be gone by now (a
   // CuPy stream outlived by its results). Errors cannot be reported from here.
   void release(void* ptr, Device device, void* fence) noexcept override {

@@ -2,7 +2,8 @@
 // what NVIDIA's documentation says they do, on host memory (the emulated device's). The emulated
 // test loads it through OPFORGE_CUBLASLT=<this library>, so opforge's real loader and its mapping
 // of row-major operands onto cuBLASLt's column-major layouts, transposes, bias epilogue and
-// beta = 1 accumulation run and are compared with the CPU kernels. Written from the documented
+// beta = 1 accumulation run and are compared with the CPU kernels; its algorithm asks for a
+// workspace when offered one, which each call must then pass. Written from the documented
 // contract, not from opforge's code: a mapping error shows as a wrong result or as an inconsistent
 // call, which returns CUBLAS_STATUS_INTERNAL_ERROR (opforge then raises, naming the op).
 //
@@ -14,6 +15,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -32,9 +34,14 @@ struct Desc {
   const void* bias = nullptr;
 };
 
+struct Pref {
+  uint64_t max_workspace = 0;  // the documented default: no workspace
+};
+
 std::mutex mutex;
 std::map<const void*, Layout> layouts;
 std::map<const void*, Desc> descs;
+std::map<const void*, Pref> prefs;
 
 // An opaque object of the header's type, its state kept beside it.
 template <class Opaque, class State>
@@ -150,24 +157,36 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDa
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) { return destroy(layout, layouts); }
 
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
-  *pref = new cublasLtMatmulPreferenceOpaque_t{};
-  return CUBLAS_STATUS_SUCCESS;
+  return create(pref, prefs, Pref{});
 }
-cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
-  delete pref;
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t,
-                                                    const void*, size_t) {
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) { return destroy(pref, prefs); }
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
+                                                    size_t size) {
+  if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) return CUBLAS_STATUS_SUCCESS;
+  if (size != sizeof(uint64_t)) return inconsistent("MAX_WORKSPACE_BYTES size");
+  std::lock_guard lock(mutex);
+  prefs.at(pref).max_workspace = *static_cast<const uint64_t*>(buf);
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// The mock's algorithm takes kWantedWorkspace bytes of workspace when the preference offers that
+// much (as cuBLASLt's split-K algorithms do), else none; the algorithm remembers which.
+constexpr uint64_t kWantedWorkspace = 64 << 10;
+
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
                                               cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
-                                              cublasLtMatmulPreference_t, int requested,
+                                              cublasLtMatmulPreference_t pref, int requested,
                                               cublasLtMatmulHeuristicResult_t* results, int* count) {
   if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
+  uint64_t offered = 0;
+  {
+    std::lock_guard lock(mutex);
+    offered = prefs.at(pref).max_workspace;
+  }
   results[0] = {};
+  results[0].workspaceSize = offered >= kWantedWorkspace ? kWantedWorkspace : 0;
+  results[0].algo.data[0] = results[0].workspaceSize;
   results[0].state = CUBLAS_STATUS_SUCCESS;
   *count = 1;
   return CUBLAS_STATUS_SUCCESS;
@@ -176,7 +195,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const void* alpha, const void* a,
                               cublasLtMatrixLayout_t a_desc, const void* b, cublasLtMatrixLayout_t b_desc,
                               const void* beta, const void* c, cublasLtMatrixLayout_t c_desc, void* d,
-                              cublasLtMatrixLayout_t d_desc, const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t) {
+                              cublasLtMatrixLayout_t d_desc, const cublasLtMatmulAlgo_t* algo, void* workspace,
+                              size_t workspace_bytes, cudaStream_t) {
   Desc dd;
   Layout la, lb, lc, ld;
   {
@@ -191,6 +211,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   if (ld.rows != m || ld.cols != n || lc.rows != m || lc.cols != n) return inconsistent("D's shape is not op(A) op(B)'s");
   if (la.type != lb.type) return inconsistent("A and B of different types");
   if (dd.epilogue == CUBLASLT_EPILOGUE_BIAS && !dd.bias) return inconsistent("bias epilogue without a bias");
+  // The workspace the algorithm asked for, at least: every byte of it written (memory that is not
+  // the device's, or is smaller than said, faults here or at its release).
+  const uint64_t wanted = algo ? algo->data[0] : 0;
+  if (wanted && (!workspace || workspace_bytes < wanted)) return inconsistent("less workspace than the algorithm's");
+  if (wanted) std::memset(workspace, 0x5a, workspace_bytes);
   const bool wide = dd.compute == CUBLAS_COMPUTE_64F;
   if (wide != (dd.scale == CUDA_R_64F) || wide != (la.type == CUDA_R_64F)) return inconsistent("compute and scale types");
   if (wide)

@@ -120,6 +120,23 @@ void land_copies() {
 
 size_t take_unwaited_copies() { return std::exchange(pending_copies, {}).size(); }
 
+namespace {
+std::mutex fault_mutex;
+std::vector<std::string>& memory_faults() {
+  static std::vector<std::string> faults;
+  return faults;
+}
+}  // namespace
+
+void note_memory_fault(const std::string& what) {
+  std::lock_guard lock(fault_mutex);
+  memory_faults().push_back(what);
+}
+std::vector<std::string> take_memory_faults() {
+  std::lock_guard lock(fault_mutex);
+  return std::exchange(memory_faults(), {});
+}
+
 size_t live_allocations() {
   std::lock_guard lock(memory_mutex);
   return regions().size();
@@ -150,6 +167,30 @@ struct CUevent_st {
   int device;
 };
 
+// A memory pool: its device, its release threshold, and the allocations made from it.
+struct CUmemPoolHandle_st {
+  int device;
+  uint64_t release_threshold = 0;  // the runtime's default: nothing kept across synchronizations
+  int64_t allocations = 0;
+};
+
+namespace cuda_emu {
+namespace {
+std::mutex pool_mutex;
+std::vector<cudaMemPool_t>& pools() {
+  static std::vector<cudaMemPool_t> table;
+  return table;
+}
+}  // namespace
+
+std::vector<PoolState> pool_states() {
+  std::lock_guard lock(pool_mutex);
+  std::vector<PoolState> states;
+  for (cudaMemPool_t p : pools()) states.push_back({p->device, p->release_threshold, p->allocations});
+  return states;
+}
+}  // namespace cuda_emu
+
 namespace cuda_emu {
 namespace {
 // The event, if it is one the runtime made and has not destroyed; else a KernelFault naming `what`.
@@ -166,18 +207,65 @@ CUevent_st* live_event(cudaEvent_t event, const char* what) {
 // lands at the next synchronize.
 extern "C" {
 
-cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t stream) {
-  cuda_emu::record_stream_use("cudaMallocAsync", stream);
+// opforge's temporary memory comes from its own pool (or the caller's allocator), never from the
+// runtime's default pool, which hands memory back to the driver at every synchronize.
+cudaError_t cudaMallocAsync(void**, size_t, cudaStream_t) {
+  throw cuda_emu::KernelFault("cudaMallocAsync: opforge allocates from its pool (opforge/cuda/scratch.h) or the caller's allocator");
+}
+cudaError_t cudaMalloc(void**, size_t) {
+  throw cuda_emu::KernelFault("cudaMalloc: synchronizes the device; opforge allocates from its pool");
+}
+cudaError_t cudaMemPoolCreate(cudaMemPool_t* pool, const cudaMemPoolProps* props) {
+  if (props->location.type != cudaMemLocationTypeDevice || props->location.id < 0 ||
+      props->location.id >= cuda_emu::kDevices || props->allocType != cudaMemAllocationTypePinned)
+    return cuda_emu::fail_with(cudaErrorInvalidValue);
+  *pool = new CUmemPoolHandle_st{props->location.id};
+  std::lock_guard lock(cuda_emu::pool_mutex);
+  cuda_emu::pools().push_back(*pool);
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
+  std::lock_guard lock(cuda_emu::pool_mutex);
+  std::erase(cuda_emu::pools(), pool);
+  delete pool;
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  if (attr != cudaMemPoolAttrReleaseThreshold) return cuda_emu::fail_with(cudaErrorInvalidValue);
+  std::lock_guard lock(cuda_emu::pool_mutex);
+  pool->release_threshold = *static_cast<const uint64_t*>(value);
+  return cudaSuccess;
+}
+cudaError_t cudaMallocFromPoolAsync(void** p, size_t bytes, cudaMemPool_t pool, cudaStream_t stream) {
+  cuda_emu::record_stream_use("cudaMallocFromPoolAsync", stream);
+  {
+    std::lock_guard lock(cuda_emu::pool_mutex);
+    if (pool->device != cuda_emu::current)
+      throw cuda_emu::KernelFault("cudaMallocFromPoolAsync from the pool of device " + std::to_string(pool->device) +
+                                  " with device " + std::to_string(cuda_emu::current) + " current");
+    ++pool->allocations;
+  }
   *p = bytes > cuda_emu::allocation_limit.load() ? nullptr : cuda_emu::allocate(bytes);
   return *p ? cudaSuccess : cuda_emu::fail_with(cudaErrorMemoryAllocation);
 }
-cudaError_t cudaMalloc(void** p, size_t bytes) { return cudaMallocAsync(p, bytes, nullptr); }  // recorded as the legacy stream's
+// Frees from destructors (opforge::cuda::Scratch) may not throw: a stray write found here is kept
+// for the test to collect (take_memory_faults).
 cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
   cuda_emu::record_stream_use("cudaFreeAsync", stream);
-  cuda_emu::release(p);
+  try {
+    cuda_emu::release(p);
+  } catch (const cuda_emu::KernelFault& e) {
+    cuda_emu::note_memory_fault(e.what());
+  }
   return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) { return cudaFreeAsync(p, nullptr); }
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device < 0 || device >= cuda_emu::kDevices) return cuda_emu::fail_with(cudaErrorInvalidDevice);
+  if (attr != cudaDevAttrComputeCapabilityMajor) return cuda_emu::fail_with(cudaErrorInvalidValue);
+  *value = 9;  // as __CUDA_ARCH__ reads 900 here
+  return cudaSuccess;
+}
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
   cuda_emu::record_stream_use("cudaMemsetAsync", stream);
   std::memset(p, value, bytes);

@@ -22,6 +22,7 @@
 #include "emulator.h"
 #include "opforge/dispatch.h"
 #include "opforge/half.h"
+#include "opforge/kernel.h"
 #include "opforge/registry.h"
 
 namespace opforge::emulated {
@@ -154,9 +155,46 @@ inline void expect_clean_device_run(const std::string& name, const Inputs& input
       ADD_FAILURE() << name << ": " << e.what();
     }
   }
+  for (const auto& fault : cuda_emu::take_memory_faults())  // beside the op's own workspaces
+    ADD_FAILURE() << name << ": " << fault << " (a workspace the op freed)";
 }
 
-inline Outcome run_on(const std::string& backend, const std::string& name, const Inputs& inputs) {
+// A framework's allocator for the kernels' workspaces, as torch's caching allocator or XLA's
+// scratch allocator would hand one over: emulated device memory of its own, counted. Everything
+// it gave must be given back by the end of the call (stray writes beside it found then).
+class FrameworkScratch final : public ScratchAllocator {
+ public:
+  void* allocate(size_t bytes) override {
+    ++allocations_;
+    if (!room_) return nullptr;
+    void* p = cuda_emu::allocate(bytes);
+    live_.insert(p);
+    return p;
+  }
+  void release(void* p) noexcept override {
+    if (!live_.erase(p)) cuda_emu::note_memory_fault("FrameworkScratch::release of memory it did not give");
+    try {
+      cuda_emu::release(p);
+    } catch (const cuda_emu::KernelFault& e) {
+      cuda_emu::note_memory_fault(e.what());
+    }
+  }
+  // How many allocations were asked for; the ones not yet given back.
+  int64_t allocations() const { return allocations_; }
+  size_t live() const { return live_.size(); }
+  // Without room, every allocation fails (nullptr), as a framework's out of memory.
+  void set_room(bool room) { room_ = room; }
+
+ private:
+  int64_t allocations_ = 0;
+  std::set<void*> live_;
+  bool room_ = true;
+};
+
+// One run of `name` on `backend`; on the emulated device, the kernels' workspaces come from
+// `scratch` (a framework's allocator) or, without one, opforge's pool.
+inline Outcome run_on(const std::string& backend, const std::string& name, const Inputs& inputs,
+                      ScratchAllocator* scratch = nullptr) {
   const OpDef& op = find_op(name);
   const bool emulated = backend == kEmulated;
   const Device device = emulated ? Device{DeviceType::cuda, kTensorDevice} : Device{};
@@ -178,6 +216,7 @@ inline Outcome run_on(const std::string& backend, const std::string& name, const
   cuda_emu::take_stream_uses();
   cuda_emu::take_unchecked_launch();
   cuda_emu::take_unwaited_copies();
+  cuda_emu::take_memory_faults();
   set_backend_override("", backend);
   try {
     out.specs = infer_outputs(op, in);
@@ -188,7 +227,7 @@ inline Outcome run_on(const std::string& backend, const std::string& name, const
       out.results.emplace_back(size_t(n * dtype_size(spec.dtype)), 0xff);
       views.push_back(testing::view(place(out.results.back()), spec.dtype, spec.shape, {}, device));
     }
-    run_kernel(op, select_kernel(op, in), in, views, emulated ? kCallerStream : nullptr);
+    run_kernel(op, select_kernel(op, in), in, views, emulated ? kCallerStream : nullptr, emulated ? scratch : nullptr);
     if (const std::string k = cuda_emu::take_unchecked_launch(); !k.empty())
       ADD_FAILURE() << name << ": " << k << " was launched and no cudaGetLastError followed (every launch is checked)";
     if (const size_t n = cuda_emu::take_unwaited_copies())
@@ -257,8 +296,9 @@ inline ::testing::AssertionResult same_results(const std::string& what, const Ou
 }
 
 // Runs the case on the CPU and the emulated GPU and compares; then again on the GPU with blocks and
-// threads taking turns in reverse, which must give the same bits (opforge's CUDA kernels are
-// deterministic, and a difference is a race); then with grid-stride launches cut to 3 blocks, so
+// threads taking turns in reverse and the workspaces from a framework's allocator instead of
+// opforge's pool, which must give the same bits (opforge's CUDA kernels are deterministic, and a
+// difference is a race); then with grid-stride launches cut to 3 blocks, so
 // their loops take several trips (a kernel that assumed one would leave results unwritten),
 // compared with the CPU again (fewer blocks may sum in another order). Returns the emulated
 // kernels' names.
@@ -268,8 +308,10 @@ inline std::vector<std::string> check(const std::string& op, const Inputs& input
   const Outcome gpu = run_on(kEmulated, op, inputs);
   EXPECT_TRUE(same_results(op + " " + what, cpu, gpu));
   cuda_emu::set_schedule(cuda_emu::Schedule::reverse);
-  const Outcome reversed = run_on(kEmulated, op, inputs);
+  FrameworkScratch framework;  // the reversed run's workspaces come from a framework's allocator
+  const Outcome reversed = run_on(kEmulated, op, inputs, &framework);
   cuda_emu::set_schedule(cuda_emu::Schedule::forward);
+  EXPECT_EQ(framework.live(), 0u) << op << " " << what << ": workspaces not given back to the framework";
   EXPECT_EQ(reversed.error, gpu.error) << op << " " << what;
   EXPECT_TRUE(reversed.results == gpu.results)
       << op << " " << what << ": the results depend on the order the threads run in (a race), kernels "

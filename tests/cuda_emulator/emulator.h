@@ -31,6 +31,20 @@ size_t set_allocation_limit(size_t bytes);
 // copies not yet landed (dropped by the call: nobody waited for them).
 size_t take_unwaited_copies();
 
+// Stray writes found when an op freed its own memory (cudaFreeAsync, often from a destructor,
+// which must not throw), since the last call.
+void note_memory_fault(const std::string& what);
+std::vector<std::string> take_memory_faults();
+
+// The memory pools made (cudaMemPoolCreate) and not destroyed, in order: the device, the release threshold set,
+// and the allocations made from each (cudaMallocFromPoolAsync).
+struct PoolState {
+  int device;
+  uint64_t release_threshold;
+  int64_t allocations;
+};
+std::vector<PoolState> pool_states();
+
 // The emulated machine has kDevices GPUs; each host thread has a current one (cudaSetDevice).
 inline constexpr int kDevices = 2;
 int current_device();

@@ -149,16 +149,38 @@ TEST(CudaEmulator, SharedMemoryStartsAsGarbageInEveryBlock) {
   }
 }
 
+cudaMemPool_t pool_on(int device) {
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool = nullptr;
+  EXPECT_EQ(cudaMemPoolCreate(&pool, &props), cudaSuccess);
+  return pool;
+}
+
 TEST(CudaEmulator, MemoryStartsAsNaNAndOutOfMemoryIsAnError) {
+  const cudaMemPool_t pool = pool_on(0);
   float* p = nullptr;
-  ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&p), 3 * sizeof(float), nullptr), cudaSuccess);
+  ASSERT_EQ(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&p), 3 * sizeof(float), pool, nullptr), cudaSuccess);
   EXPECT_TRUE(std::isnan(p[2]));
   EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 16, 0u);
   EXPECT_EQ(cudaFreeAsync(p, nullptr), cudaSuccess);
   void* huge = nullptr;
-  EXPECT_EQ(cudaMallocAsync(&huge, size_t{1} << 40, nullptr), cudaErrorMemoryAllocation);
+  EXPECT_EQ(cudaMallocFromPoolAsync(&huge, size_t{1} << 40, pool, nullptr), cudaErrorMemoryAllocation);
   EXPECT_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // read once, then cleared
+  cudaMemPoolDestroy(pool);
+}
+
+// Stream-ordered memory comes from a pool of the current device (opforge's own); the runtime's
+// default pool, which gives memory back to the driver at every synchronize, is refused.
+TEST(CudaEmulator, MemoryComesFromAPoolOfTheCurrentDevice) {
+  void* p = nullptr;
+  EXPECT_THROW(cudaMallocAsync(&p, 16, nullptr), cuda_emu::KernelFault);
+  const cudaMemPool_t other = pool_on(1);
+  EXPECT_THROW(cudaMallocFromPoolAsync(&p, 16, other, nullptr), cuda_emu::KernelFault);  // device 0 current
+  cudaMemPoolDestroy(other);
 }
 
 // One element past the end, or one before the start, of a 3-float allocation: inside the 16 bytes

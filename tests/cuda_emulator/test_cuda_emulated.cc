@@ -28,6 +28,7 @@
 #include "op_cases.h"
 #include "opforge/backend.h"
 #include "opforge/cuda/blaslt.h"
+#include "opforge/cuda/scratch.h"
 
 namespace opforge::emulated {
 namespace {
@@ -216,7 +217,7 @@ TEST(CudaEmulated, TheCudaBackendWorksOnTheArraysDeviceAndPutsTheCallersBack) {
   EXPECT_EQ(cuda->current_device(), 0);
   const void* own = cudaStreamPerThread;
   const std::vector<std::tuple<std::string, const void*, int>> want{
-      {"cudaMallocAsync", kCallerStream, 1},    {"cudaMallocAsync", kCallerStream, 1},
+      {"cudaMallocFromPoolAsync", kCallerStream, 1}, {"cudaMallocFromPoolAsync", kCallerStream, 1},
       {"cudaMemcpyAsync", kCallerStream, 0},    // a copy may go to another device's stream
       {"cudaStreamSynchronize", kCallerStream, 1}, {"cudaEventRecord", kCallerStream, 1},
       {"cudaStreamWaitEvent", own, 1},          {"cudaFreeAsync", own, 1},
@@ -247,7 +248,7 @@ TEST(CudaEmulated, TheCudaBackendsErrorsDoNotLingerIntoTheNextOp) {
     cuda->allocate(4096, Device{DeviceType::cuda, kTensorDevice}, kCallerStream);
     ADD_FAILURE() << "allocating past the limit did not fail";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "cuda backend: cudaMallocAsync failed: out of memory");
+    EXPECT_STREQ(e.what(), "cuda backend: allocating from its pool failed: out of memory");
   }
   cuda_emu::set_allocation_limit(limit);
   EXPECT_EQ(cuda->current_device(), 0);
@@ -282,11 +283,76 @@ TEST(CudaEmulated, OutOfMemoryIsReportedOnce) {
                   {int64_t{1} << 18, int64_t{0}}};  // bucket starts: 2 MiB of workspace
   const Outcome failed = run_on(kEmulated, "scatter_add", in);
   cuda_emu::set_allocation_limit(limit);
-  EXPECT_NE(failed.error.find("scatter_add(): cudaMallocAsync failed: out of memory"), std::string::npos)
+  EXPECT_TRUE(failed.error.starts_with("scatter_add(): cannot allocate ") &&
+              failed.error.ends_with(" bytes of workspace: out of memory"))
       << failed.error;
   const Outcome next = run_on(kEmulated, "add_one", {{make(DType::float32, {8}, Layout::contiguous, rng)}, {}});
   EXPECT_EQ(next.error, "");
 }
+
+int64_t pool_allocations(int device) {
+  int64_t n = 0;
+  for (const auto& pool : cuda_emu::pool_states())
+    if (pool.device == device) n += pool.allocations;
+  return n;
+}
+
+// A kernel's workspaces come from the framework's allocator when the adapter hands one over (torch's
+// caching allocator, XLA's scratch allocator: memory the framework can also give its own ops), all
+// of it given back by the call's end; else from opforge's pool on the tensors' device, made to keep
+// memory across synchronizations (the runtime's default pool gives it back to the driver at each).
+TEST(CudaEmulated, WorkspacesComeFromTheFrameworkElseFromOpforgesPool) {
+  std::mt19937 rng(16);
+  const Inputs in{{make(DType::float32, {300, 40}, Layout::contiguous, rng), make(DType::float32, {300, 40}, Layout::contiguous, rng),
+                   make(DType::float32, {40}, Layout::contiguous, rng)},
+                  {1e-5, int64_t{3}}};  // rms_norm_backward: grad_weight's partial sums need a workspace
+  const Outcome cpu = run_on("cpu", "rms_norm_backward", in);
+  const int64_t pooled = pool_allocations(kTensorDevice);
+  FrameworkScratch framework;
+  EXPECT_TRUE(same_results("from the framework", cpu, run_on(kEmulated, "rms_norm_backward", in, &framework)));
+  EXPECT_GT(framework.allocations(), 0);
+  EXPECT_EQ(framework.live(), 0u);
+  EXPECT_EQ(pool_allocations(kTensorDevice), pooled) << "the pool was used beside the framework's allocator";
+
+  EXPECT_TRUE(same_results("from the pool", cpu, run_on(kEmulated, "rms_norm_backward", in)));
+  EXPECT_GT(pool_allocations(kTensorDevice), pooled);
+  bool found = false;
+  for (const auto& pool : cuda_emu::pool_states())
+    if (pool.device == kTensorDevice) {
+      EXPECT_FALSE(found) << "a second pool for device " << kTensorDevice;
+      EXPECT_EQ(pool.release_threshold, cuda::kPoolKeepBytes);
+      found = true;
+    }
+  EXPECT_TRUE(found);
+
+  framework.set_room(false);  // the framework is out of memory: the op says so, naming itself
+  const Outcome refused = run_on(kEmulated, "rms_norm_backward", in, &framework);
+  EXPECT_TRUE(refused.error.starts_with("rms_norm_backward(): cannot allocate ")) << refused.error;
+}
+
+#ifdef CUDA_EMU_CUBLASLT_MOCK
+// cuBLASLt gets the workspace its algorithm asks for (the heuristic is offered 32 MiB on sm_90),
+// from the call's allocator; where there is no room it declines, and opforge's own kernel, which
+// needs none, computes the product instead of the op failing.
+TEST(CudaEmulated, CublasLtsWorkspaceComesFromTheCallAndNoRoomFallsBack) {
+  std::mt19937 rng(17);
+  const Inputs in{{make(DType::float32, {33, 64}, Layout::contiguous, rng), make(DType::float32, {48, 64}, Layout::contiguous, rng),
+                   make(DType::float32, {48}, Layout::contiguous, rng)},
+                  {std::string("none")}};
+  const Outcome cpu = run_on("cpu", "linear_act", in);
+  const bool was = cuda::blaslt::set_enabled(true);
+  const auto before = cuda::blaslt::calls();
+  FrameworkScratch framework;
+  EXPECT_TRUE(same_results("cuBLASLt", cpu, run_on(kEmulated, "linear_act", in, &framework)));
+  EXPECT_EQ(cuda::blaslt::calls().taken, before.taken + 1);
+  EXPECT_EQ(framework.allocations(), 1) << "cuBLASLt's workspace";
+  framework.set_room(false);
+  EXPECT_TRUE(same_results("no room for cuBLASLt's workspace", cpu, run_on(kEmulated, "linear_act", in, &framework)));
+  EXPECT_EQ(cuda::blaslt::calls().taken, before.taken + 1);
+  EXPECT_EQ(cuda::blaslt::calls().declined, before.declined + 1);
+  cuda::blaslt::set_enabled(was);
+}
+#endif
 
 }  // namespace
 }  // namespace opforge::emulated

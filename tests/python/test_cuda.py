@@ -717,6 +717,25 @@ def test_out_of_memory_is_reported_once():
     assert torch.equal(opforge.torch.add_one(torch.ones(8, device=DEVICE)).cpu(), torch.full((8,), 2.0))
 
 
+def test_workspaces_come_from_torchs_allocator(rng):
+    """Under torch.ops.opforge a kernel's workspace comes from torch's caching allocator (so memory
+    torch holds cached serves it), not from beside torch: rms_norm_backward's grad_weight partial
+    sums are one allocation more than its two results in torch's own count, and the results match
+    the CPU's."""
+    if not ON_GPU:
+        pytest.skip("CPU kernels need no device workspace")
+    x, grad = (torch.from_numpy(rng.standard_normal((512, 1024)).astype(np.float32)) for _ in range(2))
+    w = torch.from_numpy(rng.standard_normal(1024).astype(np.float32))
+    want = torch.ops.opforge.rms_norm_backward(grad, x, w, 1e-6, -1)
+    args = (grad.to(DEVICE), x.to(DEVICE), w.to(DEVICE))
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    got = torch.ops.opforge.rms_norm_backward(*args, 1e-6, -1)
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] - before >= 3
+    for g, w_ in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w_, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", ["int32", "int64"])
 def test_integer_ops_wrap(dtype):
     """Integer add, mul and add_one wrap around as torch's do (two's complement), on the packed

@@ -10,6 +10,10 @@
 
 #include "opforge/dtype.h"
 
+namespace opforge {
+class ScratchAllocator;  // opforge/kernel.h
+}  // namespace opforge
+
 namespace opforge::cuda::blaslt {
 
 // One operand of D[a, b] = sum_p A(a, p) B(b, p): element (r, p) at data[r * row_stride + p * col_stride].
@@ -24,12 +28,21 @@ struct Operand {
 // cudaStream_t) of the current device. Sums in float for float32 (no TF32: torch's default
 // precision) and the half types, in double for float64. With accumulate, D = A B^T + D (D read
 // in out_dtype, the sum rounded once). With scale, D = scale A B^T (+ bias, + D): the product
-// alone scaled (a power of two is exact). Returns false, having launched nothing, when cuBLASLt is
+// alone scaled (a power of two is exact). cuBLASLt's workspace (up to workspace_bytes(), as much as
+// the algorithm it picks asks for) comes from `scratch`, the call's framework allocator, or
+// opforge's pool (opforge/cuda/scratch.h). Returns false, having launched nothing, when cuBLASLt is
 // not loaded or turned off, when one operand is strided in both dimensions or its rows overlap,
-// or when cuBLASLt has no algorithm for the case; the caller then runs its own kernel. A failure
-// of a call cuBLASLt accepted raises opforge's runtime error naming `op`.
+// when cuBLASLt has no algorithm for the case, or when its workspace finds no room; the caller
+// then runs its own kernel. A failure of a call cuBLASLt accepted raises opforge's runtime error
+// naming `op`.
 bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const void* bias,
-            void* out, DType out_dtype, void* stream, bool accumulate = false, double scale = 1);
+            void* out, DType out_dtype, void* stream, ScratchAllocator* scratch, bool accumulate = false,
+            double scale = 1);
+
+// The most workspace matmul offers cuBLASLt on a device of compute capability `major`.x: NVIDIA's
+// recommendation, 32 MiB on Hopper and later, 4 MiB before (more algorithms, split-K among them;
+// without any, the heuristic picks among fewer, and torch, which passes these, may run faster).
+inline uint64_t workspace_bytes(int major) { return (major >= 9 ? uint64_t{32} : uint64_t{4}) << 20; }
 
 // Whether matmul can run through cuBLASLt at all: turned on and the library loaded. For callers
 // that would prepare operands only a cuBLASLt product uses (linear_act_backward's half-type parts).

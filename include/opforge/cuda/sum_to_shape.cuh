@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "opforge/cuda/common.cuh"
+#include "opforge/cuda/scratch.h"
 
 namespace opforge::cuda {
 
@@ -118,27 +119,24 @@ inline int64_t sum_chunk_count(int64_t m, int64_t r) {
   return std::max<int64_t>(1, std::min(by_threads, r / kSumMinChunk));
 }
 
-// out[o] = sum of terms(o, i) for o < m, i < r, on `stream` (m > 0). `inner_kept`: the output
-// runs along grad's innermost dimension (see the top of this file).
+// out[o] = sum of terms(o, i) for o < m, i < r, on `call`'s stream (m > 0). `inner_kept`: the
+// output runs along grad's innermost dimension (see the top of this file).
 template <typename T, class Terms>
-void sum_to_shape(const char* op, T* out, const Terms& terms, int64_t m, int64_t r, bool inner_kept,
-                  cudaStream_t stream) {
+void sum_to_shape(const KernelCall& call, T* out, const Terms& terms, int64_t m, int64_t r, bool inner_kept) {
   using A = Acc<T>;
+  const char* op = call.op().name().c_str();
+  const cudaStream_t stream = stream_of(call);
   const int64_t chunks = r < kSumThreads ? 1 : sum_chunk_count(m, r);
   if (r < kSumThreads || (inner_kept && chunks == 1)) {
     sum_per_thread<<<blocks_for(m, kSumThreads), kSumThreads, 0, stream>>>(out, terms, m, r);
   } else if (inner_kept) {
     const int64_t chunk = (r + chunks - 1) / chunks;
-    A* partial = nullptr;
-    check_cuda(op, cudaMallocAsync(reinterpret_cast<void**>(&partial), sizeof(A) * m * chunks, stream),
-               "cudaMallocAsync");
-    sum_chunks<<<blocks_for(m * chunks, kSumThreads), kSumThreads, 0, stream>>>(partial, terms, m, r, chunks, chunk);
-    const cudaError_t first = cudaGetLastError();
-    if (first == cudaSuccess)
-      sum_partials<<<blocks_for(m, kSumThreads), kSumThreads, 0, stream>>>(out, static_cast<const A*>(partial), m,
-                                                                           chunks);
-    cudaFreeAsync(partial, stream);  // in stream order, after the kernels that read it
-    check_cuda(op, first, "CUDA launch");
+    const Scratch partial(call, sizeof(A) * m * chunks);
+    sum_chunks<<<blocks_for(m * chunks, kSumThreads), kSumThreads, 0, stream>>>(partial.as<A>(), terms, m, r, chunks,
+                                                                               chunk);
+    check_launch(op);
+    sum_partials<<<blocks_for(m, kSumThreads), kSumThreads, 0, stream>>>(out, static_cast<const A*>(partial.as<A>()),
+                                                                         m, chunks);
   } else {
     sum_per_block<<<grid_blocks(m), kSumThreads, 0, stream>>>(out, terms, m, r);
   }
