@@ -1,7 +1,8 @@
 // CUDA side of scatter_add and scatter_add_backward: the index read into uint64 keys and
 // bounds-checked on the device. The first bad position (atomicMin: the same whatever the
 // schedule) comes back to the host, which raises before any result is written. That wait on
-// the stream makes these ops unfit for CUDA graph capture.
+// the stream makes these ops unfit for CUDA graph capture: inside one they raise at once, before
+// the wait would break the capture.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,11 @@ inline std::optional<std::pair<int64_t, int64_t>> read_index(const KernelCall& c
   const int64_t n = index.shape[0];
   if (n == 0) return std::nullopt;
   cudaStream_t stream = cuda::stream_of(call);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cuda::check_cuda(op, cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone)
+    fail(ErrorKind::not_implemented, op,
+         "() cannot run inside a CUDA graph capture: it checks its index on the host, which waits for the device");
   cuda::check_cuda(op, cudaMemsetAsync(scratch, 0xff, sizeof(unsigned long long), stream), "cudaMemsetAsync");
   if (index.dtype == DType::int32)
     read_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(keys, scratch, index.data_as<const int32_t>(),

@@ -94,6 +94,19 @@ void release(void* p) {
 size_t set_allocation_limit(size_t bytes) { return allocation_limit.exchange(bytes); }
 
 namespace {
+std::atomic<const void*> capturing{nullptr};
+
+// A wait for the device while a stream captures a graph: on a GPU, cudaErrorStreamCaptureUnsupported
+// and the capture is lost; here, a fault (opforge must not try).
+void refuse_while_capturing(const char* call) {
+  if (capturing.load())
+    throw KernelFault(std::string(call) + " while the caller's stream captures a CUDA graph (the capture would fail)");
+}
+}  // namespace
+
+const void* set_capturing_stream(const void* stream) { return capturing.exchange(stream); }
+
+namespace {
 // Whether p points into emulated device memory.
 bool on_device(const void* p) {
   std::lock_guard lock(memory_mutex);
@@ -287,13 +300,19 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind)
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  *status = stream && stream == cuda_emu::capturing.load() ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   cuda_emu::record_stream_use("cudaStreamSynchronize", stream);
+  cuda_emu::refuse_while_capturing("cudaStreamSynchronize");
   cuda_emu::land_copies();
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
   cuda_emu::record_stream_use("cudaDeviceSynchronize", nullptr);
+  cuda_emu::refuse_while_capturing("cudaDeviceSynchronize");
   cuda_emu::land_copies();
   return cudaSuccess;
 }
@@ -331,6 +350,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   cuda_emu::live_event(event, "cudaEventSynchronize");
+  cuda_emu::refuse_while_capturing("cudaEventSynchronize");
   cuda_emu::land_copies();
   return cudaSuccess;
 }

@@ -300,8 +300,8 @@ inline ::testing::AssertionResult same_results(const std::string& what, const Ou
 // opforge's pool, which must give the same bits (opforge's CUDA kernels are deterministic, and a
 // difference is a race); then with grid-stride launches cut to 3 blocks, so
 // their loops take several trips (a kernel that assumed one would leave results unwritten),
-// compared with the CPU again (fewer blocks may sum in another order). Returns the emulated
-// kernels' names.
+// compared with the CPU again (fewer blocks may sum in another order); then with the caller's
+// stream capturing a CUDA graph. Returns the emulated kernels' names.
 inline std::vector<std::string> check(const std::string& op, const Inputs& inputs, const std::string& what) {
   const size_t live = cuda_emu::live_allocations();
   const Outcome cpu = run_on("cpu", op, inputs);
@@ -320,6 +320,20 @@ inline std::vector<std::string> check(const std::string& op, const Inputs& input
   const Outcome few_blocks = run_on(kEmulated, op, inputs);
   cuda_emu::set_grid_cap(cap);
   EXPECT_TRUE(same_results(op + " " + what + " (3 blocks per grid-stride launch)", cpu, few_blocks));
+  // Inside a CUDA graph capture the op must not wait for the device (that would end the capture);
+  // an op that must wait says so instead, and every other gives the same bits.
+  const Outcome captured = [&] {
+    struct Capture {  // ended however the run ends (a fault throws)
+      Capture() { cuda_emu::set_capturing_stream(kCallerStream); }
+      ~Capture() { cuda_emu::set_capturing_stream(nullptr); }
+    } capture;
+    return run_on(kEmulated, op, inputs);
+  }();
+  if (captured.error != gpu.error)
+    EXPECT_NE(captured.error.find("cannot run inside a CUDA graph capture"), std::string::npos)
+        << op << " " << what << " while capturing: " << captured.error;
+  else
+    EXPECT_TRUE(captured.results == gpu.results) << op << " " << what << ": other bits while capturing a CUDA graph";
   EXPECT_EQ(cuda_emu::live_allocations(), live) << op << " " << what << ": device memory left allocated";
   return gpu.kernels;
 }

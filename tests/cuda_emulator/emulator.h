@@ -45,6 +45,10 @@ struct PoolState {
 };
 std::vector<PoolState> pool_states();
 
+// Makes `stream` one that captures a CUDA graph (nullptr: none), as torch.cuda.graph would: it
+// reports so (cudaStreamIsCapturing), and a synchronize meanwhile is a fault. Returns the previous.
+const void* set_capturing_stream(const void* stream);
+
 // The emulated machine has kDevices GPUs; each host thread has a current one (cudaSetDevice).
 inline constexpr int kDevices = 2;
 int current_device();

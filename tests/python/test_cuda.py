@@ -311,6 +311,24 @@ def test_cuda_graph_capture_and_replay(name, rng):
     assert_matches(out, cpu_result(name, fresh, attrs), name, "float32")
 
 
+@pytest.mark.parametrize("name", ["scatter_add", "scatter_add_backward"])
+def test_index_checking_ops_refuse_a_graph_capture_cleanly(name, rng):
+    """scatter_add's index check waits for the device, which a capture forbids: inside one it
+    raises opforge's NotImplementedError naming the op before waiting (RuntimeError where no
+    autograd kernel re-raises it typed, as for the backward op), so the capture still ends cleanly
+    and the stream stays usable."""
+    if not ON_GPU:
+        pytest.skip("CUDA graphs need a GPU")
+    tensors, attrs = sample(name, rng, "float32")
+    static = [t.to(DEVICE) for t in tensors]
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(NotImplementedError, match=rf"{name}\(\) cannot run inside a CUDA graph capture"):
+        with torch.cuda.graph(graph):
+            getattr(torch.ops.opforge, name)(*static, **attrs)
+    assert_matches(getattr(torch.ops.opforge, name)(*static, **attrs), cpu_result(name, tensors, attrs), name,
+                   "float32")
+
+
 MASKED = [n for n in DEVICE_OPS if any(a["name"] == "output_mask" for a in CORE[n].args)]
 
 
