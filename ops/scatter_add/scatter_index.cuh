@@ -40,7 +40,7 @@ inline std::optional<std::pair<int64_t, int64_t>> read_index(const KernelCall& c
   cuda::check_cuda(op, cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
   if (capture != cudaStreamCaptureStatusNone)
     fail(ErrorKind::not_implemented, op,
-         "() cannot run inside a CUDA graph capture: it checks its index on the host, which waits for the device");
+         "(): cannot run inside a CUDA graph capture: its index check waits for the device");
   cuda::check_cuda(op, cudaMemsetAsync(scratch, 0xff, sizeof(unsigned long long), stream), "cudaMemsetAsync");
   if (index.dtype == DType::int32)
     read_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(keys, scratch, index.data_as<const int32_t>(),

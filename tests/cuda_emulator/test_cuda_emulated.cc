@@ -291,6 +291,23 @@ TEST(CudaEmulated, OutOfMemoryIsReportedOnce) {
   EXPECT_EQ(next.error, "");
 }
 
+// Inside a CUDA graph capture, scatter_add and its backward raise before their index check would
+// wait for the device (the wait would end the capture on a GPU); every other op is captured
+// (differential.h's check runs every case so).
+TEST(CudaEmulated, IndexCheckingOpsRefuseAGraphCaptureBeforeWaiting) {
+  std::mt19937 rng(18);
+  HostTensor index = make(DType::int64, {6}, Layout::contiguous, rng, [](std::mt19937& r) { return double(r() % 4); });
+  const Inputs forward{{make(DType::float32, {6, 3}, Layout::contiguous, rng), index}, {int64_t{4}, int64_t{0}}};
+  const Inputs backward{{make(DType::float32, {4, 3}, Layout::contiguous, rng), index}, {int64_t{0}}};
+  for (const auto& [op, in] : {std::pair{"scatter_add", forward}, std::pair{"scatter_add_backward", backward}}) {
+    cuda_emu::set_capturing_stream(kCallerStream);
+    const Outcome captured = run_on(kEmulated, op, in);
+    cuda_emu::set_capturing_stream(nullptr);
+    EXPECT_EQ(captured.error, std::string(op) + "(): cannot run inside a CUDA graph capture: its index check waits for the device");
+    EXPECT_EQ(run_on(kEmulated, op, in).error, "") << op << " after the capture";
+  }
+}
+
 int64_t pool_allocations(int device) {
   int64_t n = 0;
   for (const auto& pool : cuda_emu::pool_states())

@@ -322,7 +322,7 @@ def test_index_checking_ops_refuse_a_graph_capture_cleanly(name, rng):
     tensors, attrs = sample(name, rng, "float32")
     static = [t.to(DEVICE) for t in tensors]
     graph = torch.cuda.CUDAGraph()
-    with pytest.raises((NotImplementedError, RuntimeError), match=rf"{name}\(\) cannot run inside a CUDA graph"):
+    with pytest.raises((NotImplementedError, RuntimeError), match=rf"{name}\(\): cannot run inside a CUDA graph"):
         with torch.cuda.graph(graph):
             getattr(torch.ops.opforge, name)(*static, **attrs)
     assert_matches(getattr(torch.ops.opforge, name)(*static, **attrs), cpu_result(name, tensors, attrs), name,
