@@ -123,6 +123,31 @@ def test_compile_with_inductor(rng, fresh_dynamo):
     torch.testing.assert_close(torch.compile(f, fullgraph=True)(x, w), f(x, w))
 
 
+@ON_CUDA
+def test_compile_reduce_overhead_on_cuda(fresh_dynamo):
+    """Inductor's CUDA graphs (mode="reduce-overhead") record opforge's ops beside torch's and replay
+    them, forward and backward: linear_act then rms_norm, called until recorded and replayed, on
+    fresh inputs each time, with the gradients of both weights, matching eager."""
+    reduce_overhead_matches_eager("cuda")
+
+
+def reduce_overhead_matches_eager(device):
+    w1 = torch.randn(96, 64, device=device, requires_grad=True)
+    g = torch.rand(96, device=device, requires_grad=True)
+
+    def forward(x):
+        return ot.rms_norm(ot.linear_act(x, w1, None, act="gelu"), g, 1e-6)
+
+    compiled = torch.compile(forward, mode="reduce-overhead", fullgraph=True)
+    for _ in range(4):  # warm-up, recording, then replays
+        x = torch.randn(32, 64, device=device)
+        got, want = compiled(x), forward(x)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        grads = torch.autograd.grad(got.square().sum(), (w1, g))
+        for a, b in zip(grads, torch.autograd.grad(want.square().sum(), (w1, g))):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-3)
+
+
 def float64_reference(name, values, attrs):
     return reference(name).torch(*[torch.from_numpy(v) for v in values], **attrs).numpy()
 
