@@ -288,6 +288,7 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) { return cudaMemsetAsyn
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t stream) {
   cuda_emu::record_stream_use("cudaMemcpyAsync", stream);
   if (bytes && cuda_emu::on_device(src) && !cuda_emu::on_device(dst)) {  // lands at the next synchronize
+    cuda_emu::refuse_while_capturing("cudaMemcpyAsync into host memory");  // a graph would copy at replay only
     const char* from = static_cast<const char*>(src);
     cuda_emu::pending_copies.push_back({dst, std::vector<char>(from, from + bytes)});
     return cudaSuccess;
