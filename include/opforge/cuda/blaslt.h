@@ -41,7 +41,8 @@ bool matmul(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, Operan
 
 // The most workspace matmul offers cuBLASLt on a device of compute capability `major`.x: NVIDIA's
 // recommendation, 32 MiB on Hopper and later, 4 MiB before (more algorithms, split-K among them;
-// without any, the heuristic picks among fewer, and torch, which passes these, may run faster).
+// without any, the heuristic picks among fewer, and torch, which passes the same on Hopper, may
+// run faster).
 inline uint64_t workspace_bytes(int major) { return (major >= 9 ? uint64_t{32} : uint64_t{4}) << 20; }
 
 // Whether matmul can run through cuBLASLt at all: turned on and the library loaded. For callers
