@@ -8,7 +8,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <utility>
 
 #include "opforge/error.h"
 #include "opforge/kernel.h"
@@ -31,7 +30,6 @@ void pool_release(void* p, cudaStream_t stream) noexcept;
 // kernels queued before may still use it). 0 bytes hold nothing (data() is nullptr).
 class Scratch {
  public:
-  Scratch() = default;
   // From `from` (nullptr: opforge's pool) for work on `stream`; data() is nullptr when there was
   // no room, for callers with a way that needs none (cuBLASLt's workspace, say).
   Scratch(ScratchAllocator* from, size_t bytes, cudaStream_t stream) : from_(from), stream_(stream) {
@@ -46,17 +44,10 @@ class Scratch {
       fail(ErrorKind::runtime, call.op().name(), "(): cannot allocate ", bytes, " bytes of workspace: ",
            cudaGetErrorString(status_));
   }
-  ~Scratch() { reset(); }
-  Scratch(Scratch&& other) noexcept { *this = std::move(other); }
-  Scratch& operator=(Scratch&& other) noexcept {
-    if (this != &other) {
-      reset();
-      data_ = std::exchange(other.data_, nullptr);
-      from_ = other.from_;
-      stream_ = other.stream_;
-      status_ = other.status_;
-    }
-    return *this;
+  ~Scratch() {
+    if (!data_) return;
+    if (from_) from_->release(data_);
+    else pool_release(data_, stream_);
   }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
@@ -68,13 +59,6 @@ class Scratch {
   }
 
  private:
-  void reset() noexcept {
-    if (!data_) return;
-    if (from_) from_->release(data_);
-    else pool_release(data_, stream_);
-    data_ = nullptr;
-  }
-
   void* data_ = nullptr;
   ScratchAllocator* from_ = nullptr;
   cudaStream_t stream_ = nullptr;
