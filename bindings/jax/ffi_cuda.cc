@@ -15,7 +15,10 @@ class XlaScratch final : public opforge::ScratchAllocator {
  public:
   explicit XlaScratch(xla::ffi::ScratchAllocator& xla) : xla_(xla) {}
   void* allocate(size_t bytes) override {
-    const std::optional<void*> p = xla_.Allocate(bytes, 256);
+    // 16: the most XLA accepts (XLA_FFI_DeviceMemory_Allocate refuses larger alignments, and the
+    // wrapper reports that as no memory: every workspace failed so on the H100) and what opforge's
+    // kernels need; XLA's allocator hands out 256-byte aligned blocks anyway.
+    const std::optional<void*> p = xla_.Allocate(bytes, 16);
     return p ? *p : nullptr;
   }
   void release(void*) noexcept override {}  // XLA frees it all at the handler's end
