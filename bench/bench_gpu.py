@@ -184,9 +184,11 @@ class Results:
         scale = 1e9 if unit == "GB/s" else 1e12
         for impl, ms in times.items():
             rate = amount / (ms * 1e-3) / scale
-            row = {"op": op, "shape": shape, "impl": impl, "median_us": round(ms * 1e3, 2), "rate": round(rate, 2),
+            # significant digits, not decimals: a dry run's toy rates (well under 0.01 GB/s on a busy
+            # machine) must not print as 0
+            row = {"op": op, "shape": shape, "impl": impl, "median_us": round(ms * 1e3, 2), "rate": float(f"{rate:.4g}"),
                    "unit": unit, "pct_of_limit": round(100 * rate / limit, 1) if limit else "",
-                   "opforge_speedup": round(ms / times["opforge"], 3)}
+                   "opforge_speedup": float(f"{ms / times['opforge']:.4g}")}
             self.rows.append(row)
             speed = "" if impl == "opforge" else f"{row['opforge_speedup']:.2f}x"
             pct = f"{row['pct_of_limit']:.0f}%" if limit else ""
