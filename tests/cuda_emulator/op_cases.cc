@@ -15,7 +15,8 @@ using Shape = std::vector<int64_t>;
 const std::vector<Shape> kElementwise = {{0}, {1}, {7}, {3, 33}, {2, 3, 129}, {4100}};
 const std::vector<std::pair<Shape, Shape>> kBroadcast = {
     {{5}, {5}}, {{3, 1}, {1, 4}}, {{2, 3, 33}, {33}}, {{4097}, {4097}}, {{0, 3}, {3}}, {{6, 1, 5}, {4, 1}},
-    {{700, 3}, {3}}, {{3, 700}, {3, 1}}};  // the last two: long sums along and across the inner dimension
+    {{700, 3}, {3}}, {{3, 700}, {3, 1}},  // long sums along and across the inner dimension
+    {{9, 64}, {64}}, {{64}, {5, 64}}, {{7, 3}, {1}}};  // a row or one value repeated: map_contiguous's periods
 const std::vector<Shape> kRows = {{0, 8}, {1, 1}, {3, 33}, {5, 256}, {2, 3, 64}, {2, 4096}, {3, 8200}, {70, 40}};
 
 Shape broadcast(Shape a, Shape b) {

@@ -140,6 +140,13 @@ TEST(CudaEmulated, LayoutsPickTheirKernels) {
   EXPECT_NE(kernels_for("rms_norm_backward", back).find("fused_kernel"), std::string::npos);
   const Inputs flat{{make(DType::float16, {4100}, Layout::contiguous, rng)}, {}};
   EXPECT_NE(kernels_for("relu", flat).find("map_contiguous"), std::string::npos);
+  // a bias row (a whole number of packs) or one value repeats along x in packs; a row of 33 cannot
+  const Inputs bias{{make(DType::float16, {9, 64}, Layout::contiguous, rng), make(DType::float16, {64}, Layout::contiguous, rng)}, {}};
+  EXPECT_NE(kernels_for("add", bias).find("map_contiguous"), std::string::npos);
+  const Inputs scalar{{make(DType::float32, {7, 3}, Layout::contiguous, rng), make(DType::float32, {1}, Layout::contiguous, rng)}, {}};
+  EXPECT_NE(kernels_for("mul", scalar).find("map_contiguous"), std::string::npos);
+  const Inputs odd_row{{make(DType::float32, {3, 33}, Layout::contiguous, rng), make(DType::float32, {33}, Layout::contiguous, rng)}, {}};
+  EXPECT_EQ(kernels_for("add", odd_row).find("map_contiguous"), std::string::npos);
 }
 
 // test_cuda.py's test_cublaslt_takes_aligned_half_types, here: tensor-core shapes in a half type go

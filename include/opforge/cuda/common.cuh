@@ -131,9 +131,32 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 // and the first elementwise kernels here ran at ~40% of the copy bandwidth on the H200.
 inline constexpr int kPacksPerThread = 4;
 
+// The operands of map_contiguous. Each one is either shaped like the output (period 0) or
+// repeats along it with a period of `period` elements: a bias row broadcast over the rows of x
+// (period = the row's length, a whole number of packs) or a single value (period 1).
 template <typename T, int K>
 struct Operands {
   const T* p[K];
+  int64_t period[K] = {};
+  bool narrow = true;  // the pack count fits in 32 bits: wrap periods with 32-bit remainders
+
+  // Operand k's pack for the output's pack j.
+  __device__ __forceinline__ Pack<T> pack(int k, int64_t j) const {
+    const Pack<T>* src = reinterpret_cast<const Pack<T>*>(p[k]);
+    if (period[k] == 0) return src[j];
+    if (period[k] == 1) {
+      Pack<T> v;
+#pragma unroll
+      for (int e = 0; e < Pack<T>::kSize; ++e) v.v[e] = p[k][0];
+      return v;
+    }
+    const int64_t packs = period[k] / Pack<T>::kSize;  // 64-bit remainders are long sequences on the GPU
+    return src[narrow ? int64_t(uint32_t(j) % uint32_t(packs)) : j % packs];
+  }
+  // Operand k's element for the output's element i.
+  __device__ __forceinline__ Acc<T> element(int k, int64_t i) const {
+    return load(p[k] + (period[k] == 0 ? i : i % period[k]));
+  }
 };
 
 // out[i] = f(in[0][i], ..., in[K-1][i]) in the accumulation type, over n contiguous elements of
@@ -153,7 +176,7 @@ __global__ void __launch_bounds__(256) map_contiguous(T* __restrict__ out, Opera
       const int64_t j = first + u * step;
 #pragma unroll
       for (int k = 0; k < K; ++k)
-        if (j < packs) a[k][u] = reinterpret_cast<const P*>(in.p[k])[j];
+        if (j < packs) a[k][u] = in.pack(k, j);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -171,8 +194,8 @@ __global__ void __launch_bounds__(256) map_contiguous(T* __restrict__ out, Opera
   }
   const int64_t i = packs * P::kSize + id;  // the tail: fewer than kSize elements
   if (i < n) {
-    if constexpr (K == 1) store(out + i, f(load(in.p[0] + i)));
-    else store(out + i, f(load(in.p[0] + i), load(in.p[1] + i)));
+    if constexpr (K == 1) store(out + i, f(in.element(0, i)));
+    else store(out + i, f(in.element(0, i), in.element(1, i)));
   }
 }
 
@@ -185,8 +208,23 @@ void launch_map_contiguous(T* out, Operands<T, K> in, int64_t n, F f, cudaStream
   map_contiguous<T, K><<<blocks_for(threads_needed, 256), 256, 0, stream>>>(out, in, n, f);
 }
 
-// Launches map_contiguous for out = f(in...) if every operand is contiguous, shaped like out and
-// 16-byte aligned; returns false (nothing launched) otherwise, for the caller's strided kernel.
+// How `t`, broadcast to `shape`, repeats along that shape's elements in order: 0 when it is
+// contiguous and shaped like it; P when its elements are the last P of the shape's, contiguous,
+// repeated (leading dimensions broadcast: a bias row, or a single value with P = 1); -1 otherwise.
+inline int64_t repeat_period(const TensorView& t, const std::vector<int64_t>& shape) {
+  if (t.shape == shape) return t.is_contiguous() ? 0 : -1;
+  const std::vector<int64_t> strides = broadcast_strides(t, shape);
+  int64_t period = 1;
+  size_t d = shape.size();
+  for (; d > 0 && (shape[d - 1] == 1 || strides[d - 1] == period); --d) period *= shape[d - 1];
+  for (; d > 0; --d)
+    if (shape[d - 1] != 1 && strides[d - 1] != 0) return -1;
+  return period;
+}
+
+// Launches map_contiguous for out = f(in...) if out is contiguous and each operand is contiguous
+// and shaped like it or repeats along it (repeat_period: a whole number of packs, or one value),
+// all 16-byte aligned; returns false (nothing launched) otherwise, for the caller's strided kernel.
 template <typename T, int K, class F>
 bool try_map_contiguous(const TensorView& out, const std::array<const TensorView*, K>& in, F f,
                         cudaStream_t stream) {
@@ -194,9 +232,12 @@ bool try_map_contiguous(const TensorView& out, const std::array<const TensorView
   Operands<T, K> ops{};
   for (int k = 0; k < K; ++k) {
     const TensorView& t = *in[k];
-    if (t.shape != out.shape || !t.is_contiguous() || !aligned16(t.data)) return false;
+    const int64_t period = repeat_period(t, out.shape);
+    if (period < 0 || (period > 1 && period % Pack<T>::kSize != 0) || !aligned16(t.data)) return false;
     ops.p[k] = static_cast<const T*>(t.data);
+    ops.period[k] = period == out.numel() ? 0 : period;
   }
+  ops.narrow = out.numel() / Pack<T>::kSize <= UINT32_MAX;
   launch_map_contiguous<T, K>(static_cast<T*>(out.data), ops, out.numel(), f, stream);
   return true;
 }
