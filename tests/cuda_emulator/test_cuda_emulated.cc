@@ -149,6 +149,28 @@ TEST(CudaEmulated, LayoutsPickTheirKernels) {
   EXPECT_EQ(kernels_for("add", odd_row).find("map_contiguous"), std::string::npos);
 }
 
+// matmul_q's contract is the CPU kernel's bits (matmul_q.h: the exact block terms added in double in
+// block order, rounded once), which the tolerance of the cases above would not see broken: both CUDA
+// kernels (the warp per column for up to 8 rows, the tiles beyond) match the CPU bit for bit on every
+// case. (A term rounded to float is caught here; the order of the double sums almost never shows in
+// a float32 result.)
+TEST(CudaEmulated, MatmulQMatchesTheCpuBitForBit) {
+  std::mt19937 rng(29);
+  const Case& c = cases().at("matmul_q");
+  std::set<std::string> kernels;
+  for (int s = 0; s < c.shapes; ++s) {
+    const std::optional<Inputs> in = c.inputs(DType::float32, s, Layout::contiguous, rng);
+    const Outcome cpu = run_on("cpu", "matmul_q", *in), gpu = run_on(kEmulated, "matmul_q", *in);
+    ASSERT_EQ(cpu.error, "");
+    ASSERT_EQ(gpu.error, "");
+    EXPECT_TRUE(cpu.results == gpu.results) << "case " << s << " " << shape_text(in->tensors[0]->shape);
+    kernels.insert(gpu.kernels.begin(), gpu.kernels.end());
+  }
+  const std::string ran = ::testing::PrintToString(kernels);
+  EXPECT_NE(ran.find("gemv_kernel"), std::string::npos) << ran;
+  EXPECT_NE(ran.find("product_kernel"), std::string::npos) << ran;
+}
+
 // test_cuda.py's test_cublaslt_takes_aligned_half_types, here: tensor-core shapes in a half type go
 // through cuBLASLt, forward (one product) and backward (z, then grad_x and grad_weight in two
 // parts each), and agree with the CPU kernels.
