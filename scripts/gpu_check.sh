@@ -19,10 +19,10 @@
 # Highway. Time budget: GPU_CHECK_BUDGET_S (default 540 s) in all.
 #
 # GPU_CHECK_STEPS (comma-separated step names, or "all", the default) picks the steps. Measured on
-# the H200 (2026-11-26): build 100 s, test_cuda ~25 s, the suite (12 workers) and the benchmark
-# (GPU_CHECK_BENCH_S, 120 s by default, plus its setup) about 200 s each. So the first call
-# reaches the sanitizers and the second, on the same warm machine (it goes back after 30 s idle:
-# send it at once), runs the rest without building again:
+# the H100 (2026-11-26): build 116-141 s, test_cuda ~50 s, the benchmark ~70 s for every op, memcheck
+# and racecheck ~8 s each, forge ~80 s, the suite (12 workers, 14861 tests) over 125 s. So the first
+# call reaches forge and the second, on the same warm machine (it goes back after 30 s idle: send it
+# at once), runs the rest without building again:
 #   GPU_CHECK_STEPS=forge,suite,stable_abi_foreign_binary bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +31,11 @@ cd "$(dirname "$0")/.."
 # the same code as the build here (a digest, not a commit: the working tree travels without .git).
 sources_digest() {
   find include src bindings/common bindings/torch -type f | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16
+}
+
+# Every compiled source and test: what names the commit a GPU run built (see --bundle-deps).
+code_digest() {
+  find include src bindings ops tests -type f -not -name '*.pyc' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16
 }
 
 if [[ "${1:-}" == "--bundle-deps" ]]; then
@@ -48,6 +53,9 @@ if [[ "${1:-}" == "--bundle-deps" ]]; then
     | xargs -I{} cp {} "$dest/stable-abi/"
   python3 -c 'import torch; print(torch.__version__)' > "$dest/stable-abi/built-with-torch.txt"
   sources_digest > "$dest/stable-abi/sources.txt"
+  # The GPU machine's copy of the tree has no usable git history: name the commit here.
+  echo "$(code_digest) $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- include src bindings ops tests ||
+    echo ' + uncommitted changes')" > "$dest/commit.txt"
   du -sh "$dest"
   exit 0
 fi
@@ -96,7 +104,18 @@ step() {
   fi
 }
 
-note "gpu_check on $(hostname) at $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+# The sources, named by the commit --bundle-deps recorded where they are the same (git on the GPU
+# machine saw an old HEAD: both H100 runs reported the first's commit).
+code=$(code_digest)
+read -r bundled_code bundled_commit < build/gpu-deps/commit.txt 2>/dev/null || bundled_code=""
+if [[ -z $bundled_code ]]; then
+  sources="unknown commit (no build/gpu-deps/commit.txt)"
+elif [[ $bundled_code == "$code" ]]; then
+  sources="commit $bundled_commit"
+else
+  sources="changed since the bundle's commit $bundled_commit: rerun --bundle-deps after committing"
+fi
+note "gpu_check on $(hostname) at $(date -u +%FT%TZ), sources $code: $sources"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
 python3 -c 'import torch, jax; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "| jax", jax.__version__, jax.devices())' 2>&1 | tee -a "$SUMMARY"
 
