@@ -149,26 +149,33 @@ TEST(CudaEmulated, LayoutsPickTheirKernels) {
   EXPECT_EQ(kernels_for("add", odd_row).find("map_contiguous"), std::string::npos);
 }
 
-// matmul_q's contract is the CPU kernel's bits (matmul_q.h: the exact block terms added in double in
-// block order, rounded once), which the tolerance of the cases above would not see broken: both CUDA
-// kernels (the warp per column for up to 8 rows, the tiles beyond) match the CPU bit for bit on every
-// case. (A term rounded to float is caught here; the order of the double sums almost never shows in
-// a float32 result.)
-TEST(CudaEmulated, MatmulQMatchesTheCpuBitForBit) {
+// Ops whose contract is the CPU kernel's bits, which the tolerance of the cases above would not see
+// broken: matmul_q (matmul_q.h: exact block terms added in double in block order, rounded once; both
+// CUDA kernels, the warp per column for up to 8 rows and the tiles beyond) and scatter_add (each
+// bucket's rows added in index order, in float32 and float64). A matmul_q term rounded to float, or
+// a scatter_add bucket summed out of order, is caught here; the order of matmul_q's double sums
+// almost never shows in a float32 result.
+TEST(CudaEmulated, OrderedSumsMatchTheCpuBitForBit) {
   std::mt19937 rng(29);
-  const Case& c = cases().at("matmul_q");
-  std::set<std::string> kernels;
-  for (int s = 0; s < c.shapes; ++s) {
-    const std::optional<Inputs> in = c.inputs(DType::float32, s, Layout::contiguous, rng);
-    const Outcome cpu = run_on("cpu", "matmul_q", *in), gpu = run_on(kEmulated, "matmul_q", *in);
-    ASSERT_EQ(cpu.error, "");
-    ASSERT_EQ(gpu.error, "");
-    EXPECT_TRUE(cpu.results == gpu.results) << "case " << s << " " << shape_text(in->tensors[0]->shape);
-    kernels.insert(gpu.kernels.begin(), gpu.kernels.end());
+  for (const auto& [op, dtypes, kernel_names] :
+       {std::tuple<std::string, std::vector<DType>, std::vector<std::string>>{
+            "matmul_q", {DType::float32}, {"gemv_kernel", "product_kernel"}},
+        {"scatter_add", {DType::float32, DType::float64}, {"sum_kernel"}}}) {
+    const Case& c = cases().at(op);
+    std::set<std::string> kernels;
+    for (DType dtype : dtypes)
+      for (int s = 0; s < c.shapes; ++s) {
+        const std::optional<Inputs> in = c.inputs(dtype, s, Layout::contiguous, rng);
+        const Outcome cpu = run_on("cpu", op, *in), gpu = run_on(kEmulated, op, *in);
+        ASSERT_EQ(cpu.error, "") << op;
+        ASSERT_EQ(gpu.error, "") << op;
+        EXPECT_TRUE(cpu.results == gpu.results) << op << " " << dtype_name(dtype) << " case " << s << " "
+                                                << shape_text(in->tensors[0]->shape);
+        kernels.insert(gpu.kernels.begin(), gpu.kernels.end());
+      }
+    const std::string ran = ::testing::PrintToString(kernels);
+    for (const auto& name : kernel_names) EXPECT_NE(ran.find(name), std::string::npos) << op << ": " << ran;
   }
-  const std::string ran = ::testing::PrintToString(kernels);
-  EXPECT_NE(ran.find("gemv_kernel"), std::string::npos) << ran;
-  EXPECT_NE(ran.find("product_kernel"), std::string::npos) << ran;
 }
 
 // test_cuda.py's test_cublaslt_takes_aligned_half_types, here: tensor-core shapes in a half type go
