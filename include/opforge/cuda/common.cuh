@@ -232,10 +232,11 @@ bool try_map_contiguous(const TensorView& out, const std::array<const TensorView
   Operands<T, K> ops{};
   for (int k = 0; k < K; ++k) {
     const TensorView& t = *in[k];
-    const int64_t period = repeat_period(t, out.shape);
+    int64_t period = repeat_period(t, out.shape);
+    if (period == out.numel()) period = 0;  // one repeat: shaped like out but for leading 1s
     if (period < 0 || (period > 1 && period % Pack<T>::kSize != 0) || !aligned16(t.data)) return false;
     ops.p[k] = static_cast<const T*>(t.data);
-    ops.period[k] = period == out.numel() ? 0 : period;
+    ops.period[k] = period;
   }
   ops.narrow = out.numel() / Pack<T>::kSize <= UINT32_MAX;
   launch_map_contiguous<T, K>(static_cast<T*>(out.data), ops, out.numel(), f, stream);
