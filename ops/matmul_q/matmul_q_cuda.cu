@@ -72,10 +72,43 @@ __device__ __forceinline__ int32_t quant_word(const uint8_t* p, int64_t inner, b
                               (uint32_t(p[3 * inner]) << 24));
 }
 
+// Quant words in a weight block: 32 int8 values, or 32 nibbles.
+template <quant::Format F>
+constexpr int kWords = F == quant::Format::q8_0 ? 8 : 4;
+
+// Weight block b of weight row c: its quants as stored (kWords<F> words) into wq, its fp16
+// scale returned as a double.
+template <quant::Format F>
+__device__ __forceinline__ double load_weight_block(const WeightView& w, int64_t c, int64_t b, int32_t* wq) {
+  const uint8_t* block = w.data + c * w.row_stride + b * cuda::block_bytes_of(F) * w.inner;
+  const uint8_t* qs = block + 2 * w.inner;
+#pragma unroll
+  for (int i = 0; i < kWords<F>; ++i) wq[i] = quant_word(qs + 4 * i * w.inner, w.inner, w.halves);
+  return static_cast<double>(cuda::half_value(static_cast<uint16_t>(block[0] | (block[w.inner] << 8))));
+}
+
+// One exact term: the int32 dot product of a weight block's quants wq with x's quantized block xw
+// (8 words; xsum the sum of its quants, for Q4_0's offset), times both scales, in double.
+template <quant::Format F>
+__device__ __forceinline__ double block_term(const int32_t* wq, const int32_t* xw, int32_t xsum, double dw, double dx) {
+  int32_t s = 0;
+  if constexpr (F == quant::Format::q8_0) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s = __dp4a(wq[i], xw[i], s);
+  } else {  // byte i holds element i (low nibble) and i + 16 (high nibble), stored as value + 8
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s = __dp4a(wq[i] & 0x0f0f0f0f, xw[i], s);
+      s = __dp4a((wq[i] >> 4) & 0x0f0f0f0f, xw[4 + i], s);
+    }
+    s -= 8 * xsum;
+  }
+  return __dmul_rn(static_cast<double>(s), __dmul_rn(dw, dx));
+}
+
 template <quant::Format F, typename T>
 __global__ void __launch_bounds__(kThreads)
     product_kernel(T* y, QuantizedX xq, WeightView w, int64_t m, int64_t n, int64_t nb) {
-  constexpr int64_t bytes = cuda::block_bytes_of(F);
   __shared__ int32_t xs[kRows][kChunk][9];  // 8 quant words, padded so neighbouring blocks sit in other banks
   __shared__ double xd[kRows][kChunk];
   __shared__ int32_t xsum[kRows][kChunk];
@@ -105,28 +138,9 @@ __global__ void __launch_bounds__(kThreads)
       for (int p = tid; p < kCols * kChunk; p += kThreads) {
         const int c = p / kChunk, b = p % kChunk;
         if (c0 + c >= n || b >= kb) continue;
-        const uint8_t* block = w.data + (c0 + c) * w.row_stride + (b0 + b) * bytes * w.inner;
-        const double dw = static_cast<double>(cuda::half_value(static_cast<uint16_t>(block[0] | (block[w.inner] << 8))));
-        const uint8_t* qs = block + 2 * w.inner;
-        constexpr int kWords = F == quant::Format::q8_0 ? 8 : 4;
-        int32_t wq[kWords];
-#pragma unroll
-        for (int i = 0; i < kWords; ++i) wq[i] = quant_word(qs + 4 * i * w.inner, w.inner, w.halves);
-        for (int r = 0; r < rows; ++r) {
-          int32_t s = 0;
-          if constexpr (F == quant::Format::q8_0) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) s = __dp4a(wq[i], xs[r][b][i], s);
-          } else {  // byte i holds element i (low nibble) and i + 16 (high nibble), stored as value + 8
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              s = __dp4a(wq[i] & 0x0f0f0f0f, xs[r][b][i], s);
-              s = __dp4a((wq[i] >> 4) & 0x0f0f0f0f, xs[r][b][4 + i], s);
-            }
-            s -= 8 * xsum[r][b];
-          }
-          terms[r][c][b] = __dmul_rn(static_cast<double>(s), __dmul_rn(dw, xd[r][b]));
-        }
+        int32_t wq[kWords<F>];
+        const double dw = load_weight_block<F>(w, c0 + c, b0 + b, wq);
+        for (int r = 0; r < rows; ++r) terms[r][c][b] = block_term<F>(wq, xs[r][b], xsum[r][b], dw, xd[r][b]);
       }
       __syncthreads();
       if (own_r < rows && c0 + own_c < n)
@@ -143,8 +157,6 @@ constexpr int kGemvRows = 8;
 template <quant::Format F, typename T>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(T* y, QuantizedX xq, WeightView w, int rows, int64_t n, int64_t nb) {
-  constexpr int64_t bytes = cuda::block_bytes_of(F);
-  constexpr int kWords = F == quant::Format::q8_0 ? 8 : 4;
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
   for (int64_t c = (blockIdx.x * int64_t(kThreads) + threadIdx.x) / 32; c < n; c += warps) {  // warp-uniform
@@ -154,36 +166,14 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t b0 = 0; b0 < nb; b0 += 32) {
       const int64_t b = b0 + lane;
       const int count = static_cast<int>(nb - b0 < 32 ? nb - b0 : 32);
-      double dw = 0.0;
-      int32_t wq[kWords] = {};
-      if (lane < count) {
-        const uint8_t* block = w.data + c * w.row_stride + b * bytes * w.inner;
-        dw = static_cast<double>(cuda::half_value(static_cast<uint16_t>(block[0] | (block[w.inner] << 8))));
-        const uint8_t* qs = block + 2 * w.inner;
-#pragma unroll
-        for (int i = 0; i < kWords; ++i) wq[i] = quant_word(qs + 4 * i * w.inner, w.inner, w.halves);
-      }
+      int32_t wq[kWords<F>] = {};
+      const double dw = lane < count ? load_weight_block<F>(w, c, b, wq) : 0.0;
 #pragma unroll
       for (int r = 0; r < kGemvRows; ++r) {
         if (r >= rows) break;
-        double term = 0.0;
-        if (lane < count) {
-          const int64_t g = r * nb + b;  // x's row r, block b
-          const int32_t* xw = xq.q + g * 8;
-          int32_t s = 0;
-          if constexpr (F == quant::Format::q8_0) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) s = __dp4a(wq[i], xw[i], s);
-          } else {  // as in product_kernel
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              s = __dp4a(wq[i] & 0x0f0f0f0f, xw[i], s);
-              s = __dp4a((wq[i] >> 4) & 0x0f0f0f0f, xw[4 + i], s);
-            }
-            s -= 8 * xq.sum[g];
-          }
-          term = __dmul_rn(static_cast<double>(s), __dmul_rn(dw, static_cast<double>(xq.d[g])));
-        }
+        const int64_t g = r * nb + b;  // x's row r, block b
+        const double term =
+            lane < count ? block_term<F>(wq, xq.q + g * 8, xq.sum[g], dw, static_cast<double>(xq.d[g])) : 0.0;
         for (int j = 0; j < count; ++j) acc[r] = __dadd_rn(acc[r], __shfl_sync(cuda::kFullMask, term, j));
       }
     }
