@@ -131,8 +131,15 @@ struct BiasAct {
 
 // linear_act's forward on call's stream (linear_act and linear_act_with_preact): out =
 // act(x @ weight^T + bias) into output 0, and with save_preact the sum before act into output 1.
-// cuBLASLt where it takes the case (blaslt.cuh), else opforge's own kernels.
-inline void forward(const KernelCall& call, const char* op, bool save_preact) {
+// cuBLASLt where it takes the case (blaslt.cuh), else opforge's own kernels. Defined in
+// linear_act_cuda.cu; linear_act_with_preact's kernel calls it too (one compile for both ops).
+void forward(const KernelCall& call, const char* op, bool save_preact);
+
+// forward for x's dtype T. Its instantiations are the heaviest CUDA compiles here, one dtype per
+// file (linear_act_cuda.cu: float; linear_act_cuda_<dtype>.cu: the others), so they build in
+// parallel.
+template <typename T>
+void forward_as(const KernelCall& call, const char* op, bool save_preact) {
   const TensorView& x = call.tensor("x");
   const TensorView& w = call.tensor("weight");
   const TensorView* bias = call.optional_tensor("bias");
@@ -140,32 +147,34 @@ inline void forward(const KernelCall& call, const char* op, bool save_preact) {
   const int64_t k = x.size(-1), n = w.size(0), m = out.numel() / n;
   const std::vector<int64_t> lead(x.shape.begin(), x.shape.end() - 1);
   const std::vector<int64_t> lead_strides(x.strides.begin(), x.strides.end() - 1);
-  cuda::visit_float(x.dtype, op, [&](auto tag) {
-    using T = decltype(tag);
-    const Mat<T> a{x.data_as<const T>(), cuda::make_indexer(op, lead, lead_strides),
-                   cuda::make_indexer(op, {k}, {x.stride(-1)})};
-    const Mat<T> b = matrix(op, w.data_as<const T>(), n, w.stride(0), k, w.stride(1));
-    // x's rows one stride apart (its leading dims merge to one, or there is one row) and both
-    // operands contiguous along k: the 128 x 128 float32 kernel (sgemm_nt.cuh) where it fits.
-    const int64_t lda = row_stride(a.rows, k);
-    const bool nt = std::is_same_v<T, float> && a.rows.rank <= 1 && x.stride(-1) == 1 && w.stride(1) == 1 &&
-                    sgemm_nt_fits(x.data, lda, w.data, w.stride(0), m, k);
-    const std::string& act_name = call.attr_str("act");
-    T* preact = save_preact ? call.output(1).data_as<T>() : nullptr;
-    visit_act(act_name, [&](auto act, auto) {
-      if (forward_blaslt<T>(op, act_name, act, x, a.rows, w, bias, out.data_as<T>(), preact, m, n, k, call)) return;
-      const BiasAct<T, decltype(act)> epi{out.data_as<T>(), n, bias ? bias->data_as<const T>() : nullptr,
-                                          bias ? bias->stride(0) : 0, act, preact};
-      if constexpr (std::is_same_v<T, float>) {
-        if (nt) {
-          sgemm_nt(op, m, n, k, x.data_as<const float>(), lda, w.data_as<const float>(), w.stride(0), epi,
-                   cuda::stream_of(call));
-          return;
-        }
+  const Mat<T> a{x.data_as<const T>(), cuda::make_indexer(op, lead, lead_strides),
+                 cuda::make_indexer(op, {k}, {x.stride(-1)})};
+  const Mat<T> b = matrix(op, w.data_as<const T>(), n, w.stride(0), k, w.stride(1));
+  // x's rows one stride apart (its leading dims merge to one, or there is one row) and both
+  // operands contiguous along k: the 128 x 128 float32 kernel (sgemm_nt.cuh) where it fits.
+  const int64_t lda = row_stride(a.rows, k);
+  const bool nt = std::is_same_v<T, float> && a.rows.rank <= 1 && x.stride(-1) == 1 && w.stride(1) == 1 &&
+                  sgemm_nt_fits(x.data, lda, w.data, w.stride(0), m, k);
+  const std::string& act_name = call.attr_str("act");
+  T* preact = save_preact ? call.output(1).data_as<T>() : nullptr;
+  visit_act(act_name, [&](auto act, auto) {
+    if (forward_blaslt<T>(op, act_name, act, x, a.rows, w, bias, out.data_as<T>(), preact, m, n, k, call)) return;
+    const BiasAct<T, decltype(act)> epi{out.data_as<T>(), n, bias ? bias->data_as<const T>() : nullptr,
+                                        bias ? bias->stride(0) : 0, act, preact};
+    if constexpr (std::is_same_v<T, float>) {
+      if (nt) {
+        sgemm_nt(op, m, n, k, x.data_as<const float>(), lda, w.data_as<const float>(), w.stride(0), epi,
+                 cuda::stream_of(call));
+        return;
       }
-      gemm<cuda::Acc<T>>(op, m, n, k, a, b, epi, cuda::stream_of(call));
-    });
+    }
+    gemm<cuda::Acc<T>>(op, m, n, k, a, b, epi, cuda::stream_of(call));
   });
 }
+
+extern template void forward_as<float>(const KernelCall&, const char*, bool);
+extern template void forward_as<double>(const KernelCall&, const char*, bool);
+extern template void forward_as<__half>(const KernelCall&, const char*, bool);
+extern template void forward_as<__nv_bfloat16>(const KernelCall&, const char*, bool);
 
 }  // namespace opforge::linear_act_cuda
