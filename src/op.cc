@@ -123,6 +123,12 @@ std::string_view autocast_policy_name(AutocastPolicy policy) {
   return "none";
 }
 
+OpDef& OpDef::validates(std::vector<std::string> args) {
+  for (const auto& arg : args) constraint_for(arg);
+  validated_ = std::move(args);
+  return *this;
+}
+
 OpDef& OpDef::maps_over_leading_dims(std::vector<std::string> args) {
   for (const auto& arg : args) constraint_for(arg);
   leading_dim_args_ = std::move(args);

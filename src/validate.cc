@@ -110,9 +110,14 @@ void fail_result_allocation(const OpDef& op, const std::exception& error) {
 
 void run_kernel(const OpDef& op, const Selection& selection, const OpInputs& inputs,
                 std::span<const TensorView> outputs, void* stream, ScratchAllocator* scratch) {
-  bool all_empty = !outputs.empty();
-  for (const auto& out : outputs) all_empty = all_empty && out.numel() == 0;
-  if (all_empty) return;
+  // Nothing to compute (every result empty) and nothing to check (OpDef::validates).
+  bool idle = !outputs.empty();
+  for (const auto& out : outputs) idle = idle && out.numel() == 0;
+  for (const auto& arg : op.validated_args()) {
+    const auto& t = inputs.tensors[op.tensor_slot(arg)];
+    idle = idle && !(t && t->numel() > 0);
+  }
+  if (idle) return;
   const Device device = outputs.empty() ? Device{} : outputs.front().device;
   if (device.type != DeviceType::cuda) {
     selection.fn(KernelCall(op, inputs, outputs, stream, scratch));

@@ -169,6 +169,8 @@ NB_MODULE(_core, m) {
                    "How torch.autocast casts the op's floating tensor arguments: none, lower_precision, fp32, promote.")
       .def_prop_ro("leading_dim_args", [](const PyOp& self) { return self.op->leading_dim_args(); },
                    "Tensor arguments whose leading dimensions the op maps over (see OpDef).")
+      .def_prop_ro("validates", [](const PyOp& self) { return self.op->validated_args(); },
+                   "Tensor arguments whose values the kernels check, so they run even for empty results (see OpDef).")
       .def_prop_ro("kernels", [](const PyOp& self) { return op_kernels(*self.op); })
       .def("__repr__", [](const PyOp& self) { return "<opforge op " + self.op->schema().text + ">"; });
 

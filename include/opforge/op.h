@@ -150,6 +150,10 @@ class OpDef {
   // broadcast against each other), so a batch axis can be one more leading dimension: one
   // call on the batched arrays instead of a loop. Adapters use it for vmap.
   OpDef& maps_over_leading_dims(std::vector<std::string> args);
+  // Tensor arguments whose values the kernels check (an index's range). Kernels are not called
+  // when every result is empty, except while one of these has elements: a bad value is then
+  // still an error (scatter_add with dim_size=0), and the kernels return after their check.
+  OpDef& validates(std::vector<std::string> args);
 
   const std::string& name() const { return schema_.name; }
   const Schema& schema() const { return schema_; }
@@ -164,6 +168,7 @@ class OpDef {
   const std::vector<std::string>& identity_inputs() const { return identity_inputs_; }
   const std::vector<std::string>& leading_dim_args() const { return leading_dim_args_; }
   const std::vector<std::string>& shape_only_args() const { return shape_only_; }
+  const std::vector<std::string>& validated_args() const { return validated_; }
   AutocastPolicy autocast_policy() const { return autocast_; }
 
   // Slot of schema argument `arg` among the tensors or among the attributes; -1 if absent.
@@ -187,6 +192,7 @@ class OpDef {
   std::vector<std::string> identity_inputs_;
   std::vector<std::string> leading_dim_args_;
   std::vector<std::string> shape_only_;
+  std::vector<std::string> validated_;
   AutocastPolicy autocast_ = AutocastPolicy::none;
   int64_t output_mask_slot_ = -1;  // attribute slot of `int output_mask=-1`, or -1
 };

@@ -11,13 +11,14 @@ OPFORGE_OP(scatter_add) {
       .doc("Sums the slices of src along dim into dim_size buckets: out has src's shape with "
            "shape[dim] = dim_size, and out[..., j, ...] is the sum of src[..., i, ...] over the i with "
            "index[i] == j (zero where none). index is 1-D int32/int64 of length src.shape[dim]; a value "
-           "outside [0, dim_size) is a ValueError naming it and its position, raised before anything is "
-           "written. Each bucket sums in increasing i, whatever the thread count (bitwise repeatable); "
+           "outside [0, dim_size) is a ValueError naming it and its position (dim_size=0 makes every "
+           "value one). Each bucket sums in increasing i, whatever the thread count (bitwise repeatable); "
            "half types accumulate in float32. Differentiable in src (backward: a gather).")
       .dtypes("src", opforge::float_dtypes())
       .dtypes("index", {DType::int32, DType::int64})
       .rank("src", 1)
       .rank("index", 1, 1)
+      .validates({"index"})
       .backward("scatter_add_backward", {"src"})
       .autocast(opforge::AutocastPolicy::promote)
       .shape([](const opforge::ShapeContext& c) {

@@ -1,8 +1,10 @@
-// scatter_add on CUDA, deterministic without float atomics: the index is checked (one wait
-// on the stream, see scatter_index.cuh), a stable radix sort of (index, position) lists each
-// bucket's source positions in increasing order, a binary search finds where each bucket
-// starts, and one thread per output element sums its bucket in that order. Same order as the
-// CPU kernel, so the two agree bit for bit in float32 and float64.
+// scatter_add on CUDA, deterministic without float atomics: the index is checked (its result
+// waited for once all the kernels are queued, see scatter_index.cuh), a stable radix sort of
+// (index, position) lists each bucket's source positions in increasing order, a binary search
+// finds where each bucket starts, and one thread per output element sums its bucket in that
+// order. Same order as the CPU kernel, so the two agree bit for bit in float32 and float64.
+// A bad index leaves the sort's keys out of order, which the later kernels survive: every start
+// is a position in [0, n], every position sorted is one of src's.
 #include <cub/device/device_radix_sort.cuh>
 
 #include "opforge/cuda/common.cuh"
@@ -88,28 +90,31 @@ void run(const KernelCall& call) {
   int64_t* start = order + n;
   Key* scratch = reinterpret_cast<Key*>(start + dim_size + 1);
   void* sort_storage = workspace.as<char>() + words * 8;
-  if (const auto bad = scatter_cuda::read_index(call, keys, scratch, dim_size))
-    scatter::fail_index(call, "dim_size", dim_size, bad->second, bad->first);
-  if (n > 0) {
-    iota_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(positions, n);
-    cuda::check_launch(op);  // before cub, which would report this launch's error as its own
-    cuda::check_cuda(op, cub::DeviceRadixSort::SortPairs(sort_storage, sort_bytes, keys, sorted, positions, order,
-                                                         n, 0, end_bit, stream),
-                     "cub::DeviceRadixSort::SortPairs");
-  }
-  start_kernel<<<cuda::blocks_for(dim_size + 1, kThreads), kThreads, 0, stream>>>(start, sorted, n, dim_size);
-  cuda::check_launch(op);
-  cuda::visit(src.dtype, op, [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (std::is_integral_v<T>) {
-      fail(ErrorKind::not_implemented, "scatter_add(): no integer kernel");
-    } else {
-      const int64_t total = out.numel();
-      sum_kernel<T><<<cuda::blocks_for(total, kThreads), kThreads, 0, stream>>>(
-          out.data_as<T>(), src.data_as<const T>(), s, start, order, dim_size, total);
+  scatter_cuda::launch_index_check(call, keys, scratch, dim_size);
+  if (out.numel() > 0) {  // else called for the index check alone (OpDef::validates)
+    if (n > 0) {
+      iota_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(positions, n);
+      cuda::check_launch(op);  // before cub, which would report this launch's error as its own
+      cuda::check_cuda(op, cub::DeviceRadixSort::SortPairs(sort_storage, sort_bytes, keys, sorted, positions, order,
+                                                           n, 0, end_bit, stream),
+                       "cub::DeviceRadixSort::SortPairs");
     }
-  });
-  cuda::check_launch(op);
+    start_kernel<<<cuda::blocks_for(dim_size + 1, kThreads), kThreads, 0, stream>>>(start, sorted, n, dim_size);
+    cuda::check_launch(op);
+    cuda::visit(src.dtype, op, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (std::is_integral_v<T>) {
+        fail(ErrorKind::not_implemented, "scatter_add(): no integer kernel");
+      } else {
+        const int64_t total = out.numel();
+        sum_kernel<T><<<cuda::blocks_for(total, kThreads), kThreads, 0, stream>>>(
+            out.data_as<T>(), src.data_as<const T>(), s, start, order, dim_size, total);
+      }
+    });
+    cuda::check_launch(op);
+  }
+  if (const auto bad = scatter_cuda::first_bad_index(call, keys, scratch))
+    scatter::fail_index(call, "dim_size", dim_size, bad->second, bad->first);
 }
 
 OPFORGE_KERNEL(scatter_add, "cuda", float_dtypes(), run);

@@ -1,8 +1,10 @@
 // CUDA side of scatter_add and scatter_add_backward: the index read into uint64 keys and
 // bounds-checked on the device. The first bad position (atomicMin: the same whatever the
-// schedule) comes back to the host, which raises before any result is written. That wait on
-// the stream makes these ops unfit for CUDA graph capture: inside one they raise at once, before
-// the wait would break the capture.
+// schedule) comes back to the host, which raises. The op launches its kernels between the check's
+// launch and its result (their memory accesses stay in bounds whatever the index holds): the one
+// wait on the stream then comes after all of the op's work is queued, so the device never idles
+// while the host launches the rest. The failed call's result is never returned. That wait makes
+// these ops unfit for CUDA graph capture: inside one they raise at once, before launching anything.
 #pragma once
 
 #include <cstdint>
@@ -27,14 +29,15 @@ __global__ void read_kernel(unsigned long long* keys, unsigned long long* first_
   }
 }
 
-// Fills keys[0, n) (device memory) from call's 'index'; scratch is one device word. Returns
-// (position, value) of the first value outside [0, limit), after waiting for the stream.
-inline std::optional<std::pair<int64_t, int64_t>> read_index(const KernelCall& call, unsigned long long* keys,
-                                                              unsigned long long* scratch, int64_t limit) {
+// Launches the check of call's 'index' (n values): fills keys[0, n) (device memory) and
+// scratch (one device word) with the first position of a value outside [0, limit). Nothing to
+// wait for yet: first_bad_index reads the result.
+inline void launch_index_check(const KernelCall& call, unsigned long long* keys, unsigned long long* scratch,
+                               int64_t limit) {
   const char* op = call.op().name().c_str();
   const TensorView& index = call.tensor("index");
   const int64_t n = index.shape[0];
-  if (n == 0) return std::nullopt;
+  if (n == 0) return;
   cudaStream_t stream = cuda::stream_of(call);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cuda::check_cuda(op, cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
@@ -49,6 +52,16 @@ inline std::optional<std::pair<int64_t, int64_t>> read_index(const KernelCall& c
     read_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(keys, scratch, index.data_as<const int64_t>(),
                                                                        index.strides[0], n, limit);
   cuda::check_launch(op);
+}
+
+// (position, value) of the first index value outside [0, limit) that launch_index_check found,
+// after waiting for the stream (for the op's kernels queued after the check too).
+inline std::optional<std::pair<int64_t, int64_t>> first_bad_index(const KernelCall& call,
+                                                                   const unsigned long long* keys,
+                                                                   const unsigned long long* scratch) {
+  if (call.tensor("index").shape[0] == 0) return std::nullopt;
+  const char* op = call.op().name().c_str();
+  cudaStream_t stream = cuda::stream_of(call);
   unsigned long long bad = kNone, value = 0;
   cuda::check_cuda(op, cudaMemcpyAsync(&bad, scratch, sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
   cuda::check_cuda(op, cudaStreamSynchronize(stream), "cudaStreamSynchronize");

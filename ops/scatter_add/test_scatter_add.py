@@ -242,6 +242,11 @@ I = np.array([0, 2, 1, 2])
      r"scatter_add\(\): 'dim' must be in \[-2, 2\) for 'src' of rank 2, got 2"),
     (lambda: opforge.scatter_add(S, I, 3, dim=-3), ValueError, r"'dim' must be in \[-2, 2\) for 'src' of rank 2, got -3"),
     (lambda: opforge.scatter_add(S, I, -1), ValueError, r"scatter_add\(\): 'dim_size' must be >= 0, got -1"),
+    # Empty results still check the index: nothing is in [0, 0), and a slice of no columns still
+    # has a bucket to name.
+    (lambda: opforge.scatter_add(S, I, 0), ValueError,
+     r"scatter_add\(\): 'index' must hold values in \[0, dim_size\) = \[0, 0\), got 0 at position 0"),
+    (lambda: opforge.scatter_add(S[:, :0], np.array([0, 2, 7, 1]), 3), ValueError, r"\[0, 3\), got 7 at position 2"),
     (lambda: opforge.scatter_add(S.astype(np.int32), I, 3), TypeError,
      r"scatter_add\(\): 'src' must have dtype in \[float32, float64, float16, bfloat16\], got int32"),
     (lambda: opforge.scatter_add(S[0, 0], I[:1], 3), ValueError, r"scatter_add\(\): 'src' must have rank >= 1"),
@@ -263,6 +268,29 @@ def test_bad_index_in_every_framework():
         ot.scatter_add(torch.ones(3, 2), torch.tensor([2, 0, 7]), 2)
     with pytest.raises(ValueError, match=message):
         opforge.scatter_add(jnp.ones((3, 2)), jnp.array([2, 0, 7]), 2)
+
+
+@pytest.mark.parametrize("framework", ["torch", "torch.compile", "jax.jit"])
+def test_empty_result_still_checks_the_index(framework):
+    # XLA drops a call whose results have no elements unless it is marked as having a side effect.
+    import jax
+    import jax.numpy as jnp
+
+    import opforge.jax as oj
+    import opforge.torch as ot
+
+    message = r"scatter_add\(\): 'index' must hold values in \[0, dim_size\) = \[0, 0\), got 1 at position 0"
+    if framework == "jax.jit":
+        fn = jax.jit(lambda s, i: oj.scatter_add(s, i, 0))
+        src, index = jnp.ones((3, 2)), jnp.array([1, 0, 1])
+    else:
+        fn = lambda s, i: ot.scatter_add(s, i, 0)  # noqa: E731
+        fn = torch.compile(fn, fullgraph=True) if framework == "torch.compile" else fn
+        src, index = torch.ones(3, 2), torch.tensor([1, 0, 1])
+    with pytest.raises(Exception, match=message):
+        jax.block_until_ready(fn(src, index))
+    if framework == "jax.jit":  # a valid index and an empty result: nothing to raise
+        assert fn(jnp.ones((0, 2)), jnp.zeros(0, jnp.int32)).shape == (0, 2)
 
 
 @pytest.mark.parametrize("index_dtype", ["int32", "int64"])

@@ -14,6 +14,7 @@ OPFORGE_OP(scatter_add_backward) {
       .dtypes("index", {DType::int32, DType::int64})
       .rank("grad", 1)
       .rank("index", 1, 1)
+      .validates({"index"})
       .shape([](const opforge::ShapeContext& c) {
         const int64_t dim = opforge::scatter::checked_dim(c, "grad");
         opforge::OutputSpec out = c.like("grad");

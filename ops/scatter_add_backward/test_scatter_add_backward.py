@@ -80,6 +80,8 @@ G = np.ones((4, 3), np.float32)
      r"scatter_add_backward\(\): 'index' must hold values in \[0, grad.shape\[dim\]\) = \[0, 4\), got 4 at position 1"),
     (lambda: opforge.scatter_add_backward(G, np.array([0, 1, -2]), dim=1), ValueError,
      r"\[0, grad.shape\[dim\]\) = \[0, 3\), got -2 at position 2"),
+    # No columns to gather: the index is still checked.
+    (lambda: opforge.scatter_add_backward(G[:, :0], np.array([0, 4])), ValueError, r"\[0, 4\), got 4 at position 1"),
     (lambda: opforge.scatter_add_backward(G, np.array([0.0])), TypeError,
      r"scatter_add_backward\(\): 'index' must have dtype in \[int32, int64\], got float64"),
     (lambda: opforge.scatter_add_backward(G, np.zeros((1, 1), np.int64)), ValueError,

@@ -12,6 +12,7 @@ arguments take the batch as one more leading dimension (one call), others run a
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +65,7 @@ class _Op:
         self.attr_kinds = {a["name"]: a["kind"] for a in self.args if not a["kind"].startswith("Tensor")}
         self.signature = _signature(self.core)
         self.leading = set(self.core.leading_dim_args)
+        self.validates = set(self.core.validates)
         self.backward = self.core.backward
         self.multi = self.core.num_results > 1
 
@@ -111,7 +113,11 @@ def _ffi(op: _Op, names: tuple[str, ...], present, attrs: dict):
              for n in op.tensor_names]
     results = [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape, dtype in op.core.infer(metas, attrs)]
     mask = sum(1 << i for i, n in enumerate(op.tensor_names) if n in by_name)
-    call = jax.ffi.ffi_call(_TARGET, results if op.multi else results[0])
+    # Results without elements would let XLA drop the call, and with it the check of an argument the
+    # op validates (an index's range): marked as having a side effect, the call runs.
+    checks_only = all(math.prod(r.shape) == 0 for r in results) and any(
+        math.prod(by_name[n].shape) > 0 for n in op.validates if n in by_name)
+    call = jax.ffi.ffi_call(_TARGET, results if op.multi else results[0], has_side_effect=checks_only)
     typed = {k: _attr(op.attr_kinds[k], v) for k, v in attrs.items()}
     return call(*present, op=op.name, present=np.int64(mask), **typed)
 

@@ -123,21 +123,24 @@ struct Inputs {
   std::vector<AttrValue> attrs;
 };
 
-// One run of an op on a backend: the results' bytes, or the error it raised, and the kernels the
-// emulator launched. On the emulated device, an input whose storage changed fails the test.
+// One run of an op on a backend: the results' bytes, or the error it raised, the kernels the
+// emulator launched and everything that ran on a stream (launches and runtime calls, in order).
+// On the emulated device, an input whose storage changed fails the test.
 struct Outcome {
   Outputs specs;
   std::vector<std::vector<unsigned char>> results;
   std::string error;
   std::vector<std::string> kernels;
+  std::vector<std::string> stream_uses;
 };
 
 // What a run on the emulated device must leave behind: every launch and stream-ordered runtime call
 // on the caller's stream with the tensors' device current, the caller's current device back, the
 // inputs' storage (gaps between strided elements too) unchanged, and nothing written beside an
 // allocation (its release checks). Releases the run's device memory.
-inline void expect_clean_device_run(const std::string& name, const Inputs& inputs, const std::vector<void*>& memory) {
-  for (const auto& use : cuda_emu::take_stream_uses()) {
+inline void expect_clean_device_run(const std::string& name, const Inputs& inputs, const std::vector<void*>& memory,
+                                    const std::vector<cuda_emu::StreamUse>& stream_uses) {
+  for (const auto& use : stream_uses) {
     if (use.stream != kCallerStream)
       ADD_FAILURE() << name << ": " << use.what << " on stream " << use.stream << ", not the caller's";
     if (use.device != kTensorDevice)
@@ -239,7 +242,9 @@ inline Outcome run_on(const std::string& backend, const std::string& name, const
   }
   set_backend_override("", "");
   out.kernels = cuda_emu::take_launches();
-  if (emulated) expect_clean_device_run(name, inputs, device_memory);
+  const std::vector<cuda_emu::StreamUse> uses = cuda_emu::take_stream_uses();
+  for (const auto& use : uses) out.stream_uses.push_back(use.what);
+  if (emulated) expect_clean_device_run(name, inputs, device_memory, uses);
   return out;
 }
 

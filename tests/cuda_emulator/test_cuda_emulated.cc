@@ -310,6 +310,43 @@ TEST(CudaEmulated, AnIndexOutOfRangeIsFoundOnTheDevice) {
   }
 }
 
+// With nothing in range (dim_size 0; grad with no rows), every value is out of range: the kernels
+// queued before the check's result must not read a row that is not there.
+TEST(CudaEmulated, AnIndexIntoAnEmptyDimensionIsRefused) {
+  std::mt19937 rng(19);
+  const HostTensor index = make(DType::int64, {3}, Layout::contiguous, rng, [](std::mt19937& r) { return double(r() % 2); });
+  const Inputs forward{{make(DType::float32, {3, 4}, Layout::contiguous, rng), index}, {int64_t{0}, int64_t{0}}};
+  const Inputs backward{{make(DType::float32, {0, 4}, Layout::contiguous, rng), index}, {int64_t{0}}};
+  for (const auto& [op, in] : {std::pair{"scatter_add", forward}, std::pair{"scatter_add_backward", backward}}) {
+    const Outcome cpu = run_on("cpu", op, in), gpu = run_on(kEmulated, op, in);
+    EXPECT_NE(gpu.error.find("at position 0"), std::string::npos) << op << ": " << gpu.error;
+    EXPECT_EQ(gpu.error, cpu.error) << op;
+  }
+}
+
+// The index check's one wait comes after every kernel of the op is queued (the device keeps working
+// while the host launches the sort and the sums), and nothing else waits.
+TEST(CudaEmulated, TheIndexCheckWaitsOnceAfterTheLastLaunch) {
+  std::mt19937 rng(20);
+  const HostTensor index = make(DType::int32, {9}, Layout::contiguous, rng, [](std::mt19937& r) { return double(r() % 5); });
+  const Inputs forward{{make(DType::float32, {9, 6}, Layout::contiguous, rng), index}, {int64_t{5}, int64_t{0}}};
+  const Inputs backward{{make(DType::float32, {5, 6}, Layout::contiguous, rng), index}, {int64_t{0}}};
+  for (const auto& [op, in] : {std::pair{"scatter_add", forward}, std::pair{"scatter_add_backward", backward}}) {
+    const Outcome gpu = run_on(kEmulated, op, in);
+    EXPECT_EQ(gpu.error, "") << op;
+    int waits = 0;
+    size_t last_wait = 0, last_launch = 0, i = 0;
+    for (const std::string& use : gpu.stream_uses) {
+      ++i;
+      if (use == "cudaStreamSynchronize" || use == "cudaDeviceSynchronize") ++waits, last_wait = i;
+      else if (!use.starts_with("cuda")) last_launch = i;  // a kernel's name
+    }
+    EXPECT_EQ(waits, 1) << op;
+    EXPECT_GT(last_launch, 0u) << op << ": no kernel launch recorded";
+    EXPECT_GT(last_wait, last_launch) << op << ": the wait came before the last kernel was queued";
+  }
+}
+
 // A workspace the device cannot hold raises a runtime error naming the op, and the next op runs
 // (the runtime keeps a failed call's status as its last error until someone reads it).
 TEST(CudaEmulated, OutOfMemoryIsReportedOnce) {

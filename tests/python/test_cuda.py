@@ -429,9 +429,16 @@ def test_mixed_devices_raise(fn):
      "dequantize(): 'format' must be 'q8_0' or 'q4_0', got 'q5_0'"),
     (lambda d: torch.ops.opforge.quantize_q4_0(torch.ones(2, 64, dtype=torch.float64, device=d)), TypeError,
      "quantize_q4_0(): 'x' must have dtype in [float32, float16, bfloat16], got float64"),
-    # The index is checked on the device; the first bad position comes back before any write.
+    # The index is checked on the device; the first bad position comes back after the op's kernels
+    # (which stay in bounds meanwhile), also where the result is empty.
     (lambda d: opforge.scatter_add(torch.ones(4, 3, device=d), torch.tensor([0, 1, 7, 9], device=d), 5), ValueError,
      "scatter_add(): 'index' must hold values in [0, dim_size) = [0, 5), got 7 at position 2"),
+    (lambda d: opforge.scatter_add(torch.ones(4, 3, device=d), torch.tensor([0, 1, -7, 9], device=d), 0), ValueError,
+     "scatter_add(): 'index' must hold values in [0, dim_size) = [0, 0), got 0 at position 0"),
+    (lambda d: opforge.scatter_add_backward(torch.ones(4, 3, device=d), torch.tensor([0, -1, 9], device=d)), ValueError,
+     "scatter_add_backward(): 'index' must hold values in [0, grad.shape[dim]) = [0, 4), got -1 at position 1"),
+    (lambda d: opforge.scatter_add_backward(torch.ones(4, 0, device=d), torch.tensor([0, 9], device=d)), ValueError,
+     "scatter_add_backward(): 'index' must hold values in [0, grad.shape[dim]) = [0, 4), got 9 at position 1"),
 ])
 def test_bad_inputs_raise_typed_errors(call, error, message):
     with pytest.raises(error, match=re.escape(message)):
