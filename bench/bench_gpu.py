@@ -316,7 +316,7 @@ def bench_matmul_q(args, results, copy_gbs, l2_bytes):
         w = w.to(DEVICE)
         w32 = torch.ops.opforge.dequantize(w, fmt)
         w16 = w32.half()
-        for m in (1, 32):
+        for m in (1, 32, 512):  # a token, a small batch, a prompt
             x = torch.from_numpy(rng.standard_normal((m, k), dtype=np.float32)).to(DEVICE)
             copies = copies_for(w.numel(), l2_bytes)  # weights dominate: rotate those
             ws = [w] + [w.clone() for _ in range(copies - 1)]

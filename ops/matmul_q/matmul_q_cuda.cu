@@ -12,14 +12,12 @@
 //               per weight row (output column), its lanes on 32 consecutive blocks at a time:
 //               each lane computes its block's exact terms, then every lane adds the 32 terms in
 //               block order through shuffles. All weight rows stream at once; the tiled product
-//               below, with 128 thread blocks for 4096 columns and a barrier every 16 blocks,
-//               reached 6-19% of the H100's copy bandwidth on one activation row.
-//   product:    a thread block per 8 rows x 32 columns (one output per thread). Per chunk of 16
-//               blocks, all threads compute the exact terms of every (row, column, block) from
-//               the weights as stored (dequantized on the fly: nibbles or int8 straight into
-//               __dp4a), into shared memory; then each thread adds its output's 16 terms in order.
-//               Splitting the dot products from the ordered sum keeps all 256 threads busy even
-//               for one activation row, where a thread per output would leave the GPU idle.
+//               the rows kernel replaced, with 128 thread blocks for 4096 columns and a barrier
+//               every 16 blocks, reached 6-19% of the H100's copy bandwidth on one activation row.
+//   rows:       beyond that, a thread block per 32 rows x 16 columns, a lane per row of x and two
+//               weight rows per warp: each lane adds its outputs' terms in block order as it walks
+//               the blocks, x's and the weights' quantized blocks staged in shared memory a chunk
+//               of 16 blocks at a time, the next chunk loading meanwhile.
 #include "opforge/cuda/ggml_quant.cuh"
 #include "opforge/cuda/scratch.h"
 #include "opforge/registry.h"
@@ -27,8 +25,6 @@
 namespace opforge::matmul_q_cuda {
 
 constexpr int kThreads = 256;
-constexpr int kRows = 8, kCols = 32, kChunk = 16;  // kRows * kCols == kThreads: one output each
-static_assert(kRows * kCols == kThreads);
 
 // x quantized: per (row, block) g, 8 words of quants, the scale as fp16 value, the quant sum.
 struct QuantizedX {
@@ -106,49 +102,126 @@ __device__ __forceinline__ double block_term(const int32_t* wq, const int32_t* x
   return __dmul_rn(static_cast<double>(s), __dmul_rn(dw, dx));
 }
 
-template <quant::Format F, typename T>
-__global__ void __launch_bounds__(kThreads)
-    product_kernel(T* y, QuantizedX xq, WeightView w, int64_t m, int64_t n, int64_t nb) {
-  __shared__ int32_t xs[kRows][kChunk][9];  // 8 quant words, padded so neighbouring blocks sit in other banks
-  __shared__ double xd[kRows][kChunk];
-  __shared__ int32_t xsum[kRows][kChunk];
-  __shared__ double terms[kRows][kCols][kChunk + 1];
-  const int tid = threadIdx.x;
-  const int own_r = tid / kCols, own_c = tid % kCols;  // the output this thread sums
-  const int64_t c0 = int64_t(blockIdx.x) * kCols;
-  // Row tiles in a grid-stride loop: gridDim.y is capped at 65535.
-  for (int64_t r0 = int64_t(blockIdx.y) * kRows; r0 < m; r0 += int64_t(gridDim.y) * kRows) {
-    const int rows = static_cast<int>(m - r0 < kRows ? m - r0 : kRows);
-    double acc = 0.0;
-    for (int64_t b0 = 0; b0 < nb; b0 += kChunk) {
-      const int kb = static_cast<int>(nb - b0 < kChunk ? nb - b0 : kChunk);
-      for (int e = tid; e < kRows * kChunk * 8; e += kThreads) {
-        const int r = e / (kChunk * 8), b = (e / 8) % kChunk, word = e % 8;
-        if (r < rows && b < kb) xs[r][b][word] = xq.q[((r0 + r) * nb + b0 + b) * 8 + word];
+// rows_kernel's tile: 32 rows of x (a lane each) by 16 weight rows (2 per warp), 16 blocks at a time.
+constexpr int kTileRows = 32, kWarpCols = 2, kTileCols = kWarpCols * (kThreads / 32), kTileChunk = 16;
+static_assert(kWarpCols * kTileChunk == 32, "each lane loads one of its warp's weight blocks per chunk");
+// x's quant words in shared memory: a row's 16 blocks, then 4 words of padding, so that the 16-byte
+// loads of one block by 8 consecutive lanes (rows) fall in 8 different groups of banks.
+constexpr int kXStride = kTileChunk * 8 + 4;
+
+// One chunk's share of a thread: x's quant words, scales and sums for the tile's rows (a part of
+// each, every thread the same number) and the weight block its lane loads, in registers: loaded
+// one chunk ahead, while the tile computes the current one, then stored to shared memory.
+template <quant::Format F>
+struct ChunkShare {
+  static constexpr int kWordsPerThread = kTileRows * kTileChunk * 8 / kThreads;
+  static constexpr int kScalesPerThread = kTileRows * kTileChunk / kThreads;
+  int32_t xw[kWordsPerThread];
+  float xd[kScalesPerThread];
+  int32_t xsum[kScalesPerThread];
+  int32_t wq[kWords<F>];
+  double dw;
+
+  // Chunk b0 (kb blocks) of rows r0.. and of this warp's weight rows c0, c0 + 1. Thread t takes
+  // word t % 8 of block (t / 8) % 16 in rows t / 128, + 2, + 4, ..., and the scale and sum of block
+  // t % 16 in rows t / 16, + 16.
+  __device__ void load(const QuantizedX& xq, const WeightView& w, int64_t r0, int64_t m, int64_t c0, int64_t n,
+                       int64_t nb, int64_t b0, int kb) {
+    constexpr int kWordRowStep = kThreads / (kTileChunk * 8), kScaleRowStep = kThreads / kTileChunk;
+    {
+      const int b = (threadIdx.x / 8) % kTileChunk, row = threadIdx.x / (kTileChunk * 8);
+      const int32_t* p = xq.q + ((r0 + row) * nb + b0 + b) * 8 + threadIdx.x % 8;
+      const int64_t step = kWordRowStep * nb * 8;
+#pragma unroll
+      for (int i = 0; i < kWordsPerThread; ++i)
+        xw[i] = r0 + row + i * kWordRowStep < m && b < kb ? p[i * step] : 0;
+    }
+    {
+      const int b = threadIdx.x % kTileChunk, row = threadIdx.x / kTileChunk;
+      const int64_t g = (r0 + row) * nb + b0 + b, step = kScaleRowStep * nb;
+#pragma unroll
+      for (int i = 0; i < kScalesPerThread; ++i) {
+        const bool in = r0 + row + i * kScaleRowStep < m && b < kb;
+        xd[i] = in ? xq.d[g + i * step] : 0.f;
+        xsum[i] = in ? xq.sum[g + i * step] : 0;
       }
-      for (int e = tid; e < kRows * kChunk; e += kThreads) {
-        const int r = e / kChunk, b = e % kChunk;
-        if (r < rows && b < kb) {
-          xd[r][b] = static_cast<double>(xq.d[(r0 + r) * nb + b0 + b]);
-          xsum[r][b] = xq.sum[(r0 + r) * nb + b0 + b];
+    }
+    const int lane = threadIdx.x % 32, col = lane / kTileChunk, b = lane % kTileChunk;
+#pragma unroll
+    for (int i = 0; i < kWords<F>; ++i) wq[i] = 0;
+    dw = c0 + col < n && b < kb ? load_weight_block<F>(w, c0 + col, b0 + b, wq) : 0.0;
+  }
+};
+
+// For more rows of x (m > kGemvRows: a batch, a prompt): a thread block per 32 rows x 16 columns,
+// each lane one row of x, each warp two weight rows. Every output belongs to one lane, which adds
+// its terms in block order as it walks the blocks: no barrier or shuffle between a term and its
+// sum. Per chunk of 16 blocks, x's quantized blocks for the tile's rows and each warp's weight
+// blocks go to shared memory (a weight block is read by every lane at once: a broadcast), the next
+// chunk loading into registers meanwhile. The tiled kernel it replaced (8 rows x 32 columns, terms
+// through shared memory, three barriers a chunk) reached 6-9% of the H100's copy bandwidth at
+// m = 32.
+template <quant::Format F, typename T>
+__global__ void __launch_bounds__(kThreads, 2)  // two tiles per SM: one loads while the other computes
+    rows_kernel(T* y, QuantizedX xq, WeightView w, int64_t m, int64_t n, int64_t nb) {
+  __shared__ __align__(16) int32_t xs[kTileRows * kXStride];
+  __shared__ double xd[kTileRows][kTileChunk + 1];
+  __shared__ int32_t xsum[kTileRows][kTileChunk + 1];
+  __shared__ __align__(16) int32_t ws[kThreads / 32][kWarpCols][kTileChunk][8];
+  __shared__ double wd[kThreads / 32][kWarpCols][kTileChunk];
+  using Share = ChunkShare<F>;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t c0 = int64_t(blockIdx.x) * kTileCols + warp * kWarpCols;
+  // Row tiles in a grid-stride loop: gridDim.y is capped at 65535.
+  for (int64_t r0 = int64_t(blockIdx.y) * kTileRows; r0 < m; r0 += int64_t(gridDim.y) * kTileRows) {
+    double acc[kWarpCols] = {};
+    Share next;
+    next.load(xq, w, r0, m, c0, n, nb, 0, static_cast<int>(nb < kTileChunk ? nb : kTileChunk));
+    for (int64_t b0 = 0; b0 < nb; b0 += kTileChunk) {
+      const int kb = static_cast<int>(nb - b0 < kTileChunk ? nb - b0 : kTileChunk);
+      __syncthreads();  // the previous chunk's reads of shared memory are done
+#pragma unroll
+      for (int i = 0; i < Share::kWordsPerThread; ++i) {
+        const int e = threadIdx.x + i * kThreads;
+        xs[(e / (kTileChunk * 8)) * kXStride + e % (kTileChunk * 8)] = next.xw[i];
+      }
+#pragma unroll
+      for (int i = 0; i < Share::kScalesPerThread; ++i) {
+        const int e = threadIdx.x + i * kThreads;
+        xd[e / kTileChunk][e % kTileChunk] = static_cast<double>(next.xd[i]);
+        xsum[e / kTileChunk][e % kTileChunk] = next.xsum[i];
+      }
+#pragma unroll
+      for (int i = 0; i < kWords<F>; ++i) ws[warp][lane / kTileChunk][lane % kTileChunk][i] = next.wq[i];
+      wd[warp][lane / kTileChunk][lane % kTileChunk] = next.dw;
+      __syncthreads();
+      if (b0 + kTileChunk < nb) {
+        const int64_t b1 = b0 + kTileChunk;
+        next.load(xq, w, r0, m, c0, n, nb, b1, static_cast<int>(nb - b1 < kTileChunk ? nb - b1 : kTileChunk));
+      }
+      for (int b = 0; b < kb; ++b) {
+        const int4* xp = reinterpret_cast<const int4*>(xs + lane * kXStride + b * 8);
+        const int4 lo = xp[0], hi = xp[1];
+        const int32_t xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        const double dx = xd[lane][b];
+        const int32_t sum = xsum[lane][b];
+#pragma unroll
+        for (int col = 0; col < kWarpCols; ++col) {
+          const int4* wp = reinterpret_cast<const int4*>(ws[warp][col][b]);
+          int32_t wq[8];
+#pragma unroll
+          for (int h = 0; h < kWords<F> / 4; ++h) {  // Q4_0's nibbles: 4 words
+            const int4 v = wp[h];
+            wq[4 * h] = v.x, wq[4 * h + 1] = v.y, wq[4 * h + 2] = v.z, wq[4 * h + 3] = v.w;
+          }
+          acc[col] = __dadd_rn(acc[col], block_term<F>(wq, xw, sum, wd[warp][col][b], dx));
         }
       }
-      __syncthreads();
-      // Neighbouring threads take neighbouring blocks of one weight row: the reads coalesce.
-      for (int p = tid; p < kCols * kChunk; p += kThreads) {
-        const int c = p / kChunk, b = p % kChunk;
-        if (c0 + c >= n || b >= kb) continue;
-        int32_t wq[kWords<F>];
-        const double dw = load_weight_block<F>(w, c0 + c, b0 + b, wq);
-        for (int r = 0; r < rows; ++r) terms[r][c][b] = block_term<F>(wq, xs[r][b], xsum[r][b], dw, xd[r][b]);
-      }
-      __syncthreads();
-      if (own_r < rows && c0 + own_c < n)
-        for (int b = 0; b < kb; ++b) acc = __dadd_rn(acc, terms[own_r][own_c][b]);
-      __syncthreads();  // xs and terms are rewritten by the next chunk
     }
-    if (own_r < rows && c0 + own_c < n)
-      cuda::store(y + (r0 + own_r) * n + c0 + own_c, __double2float_rn(acc));  // to T: round to nearest even
+    const int64_t r = r0 + lane;
+#pragma unroll
+    for (int col = 0; col < kWarpCols; ++col)
+      if (r < m && c0 + col < n) cuda::store(y + r * n + c0 + col, __double2float_rn(acc[col]));  // round to nearest even
   }
 }
 
@@ -206,8 +279,8 @@ void run(const KernelCall& call) {
   }
   WeightView wv{w.data_as<const uint8_t>(), w.stride(0), w.stride(1), false};
   wv.halves = wv.inner == 1 && wv.row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(wv.data) % 2 == 0;
-  const int64_t row_tiles = (m + kRows - 1) / kRows;
-  const dim3 grid(static_cast<unsigned>((n + kCols - 1) / kCols), cuda::grid_blocks(row_tiles, 65535));
+  const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
+  const dim3 grid(static_cast<unsigned>((n + kTileCols - 1) / kTileCols), cuda::grid_blocks(row_tiles, 65535));
   const auto launch = [&](auto tag) {
     using T = decltype(tag);
     if (blocks > 0) {
@@ -222,9 +295,9 @@ void run(const KernelCall& call) {
       else
         gemv_kernel<quant::Format::q4_0, T><<<gemv_grid, kThreads, 0, stream>>>(out.data_as<T>(), xq, wv, int(m), n, nb);
     } else if (format == quant::Format::q8_0) {
-      product_kernel<quant::Format::q8_0, T><<<grid, kThreads, 0, stream>>>(out.data_as<T>(), xq, wv, m, n, nb);
+      rows_kernel<quant::Format::q8_0, T><<<grid, kThreads, 0, stream>>>(out.data_as<T>(), xq, wv, m, n, nb);
     } else {
-      product_kernel<quant::Format::q4_0, T><<<grid, kThreads, 0, stream>>>(out.data_as<T>(), xq, wv, m, n, nb);
+      rows_kernel<quant::Format::q4_0, T><<<grid, kThreads, 0, stream>>>(out.data_as<T>(), xq, wv, m, n, nb);
     }
     cuda::check_launch(op);
   };

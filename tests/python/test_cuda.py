@@ -446,12 +446,13 @@ def test_bad_inputs_raise_typed_errors(call, error, message):
 
 
 # ---------------------------------------------------------------------------------------------
-# The quantized ops at the shapes that stress the GPU kernels' tiling: chunks of 16 blocks,
-# 8-row and 32-column tiles (and partial ones), row tiles past gridDim.y's 65535, strides.
+# The quantized ops at the shapes that stress the GPU kernels' tiling: up to 8 rows a warp per
+# column, 32 blocks at a time; beyond, tiles of 32 rows x 16 columns, 16 blocks at a time (and
+# partial ones), row tiles past gridDim.y's 65535; strides.
 
 MATMUL_SHAPES = [pytest.param(m, k, n, id=f"m{m}-k{k}-n{n}") for m, k, n in
                  [(1, 4096, 33), (32, 4096, 17), (9, 544, 100), (70, 64, 5), (3, 1056, 9), (8, 1056, 40),
-                  (8 * 65535 + 9, 32, 3)]]  # up to 8 rows: a warp per column, 32 blocks at a time
+                  (37, 608, 21), (32 * 65535 + 9, 32, 3)]]
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
