@@ -19,7 +19,8 @@
 # Highway. Time budget: GPU_CHECK_BUDGET_S (default 540 s) in all.
 #
 # GPU_CHECK_STEPS (comma-separated step names, or "all", the default) picks the steps. Measured on
-# the H100 (2026-11-26): build 116-141 s, test_cuda ~50 s, the benchmark ~70 s for every op, memcheck
+# the H100 (2026-11-26): build 116-141 s (when linear_act_backward's one file, 78 s of nvcc here,
+# was the critical path; its dtypes now compile apart), test_cuda ~50 s, the benchmark ~70 s for every op, memcheck
 # and racecheck ~8 s each, forge ~80 s, the suite (12 workers, 14861 tests) over 125 s. So the first
 # call reaches forge and the second, on the same warm machine (it goes back after 30 s idle: send it
 # at once), runs the rest without building again:

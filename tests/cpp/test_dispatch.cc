@@ -52,6 +52,17 @@ void pair_cpu(const opforge::KernelCall& call) {
 }
 OPFORGE_KERNEL(test_pair, "cpu", opforge::float_dtypes(), pair_cpu);
 
+// test_checked: its kernel checks y's values (OpDef::validates), so it runs for an empty result
+// while y has elements.
+OPFORGE_OP(test_checked) {
+  return opforge::OpDef("test_checked(Tensor x, Tensor y) -> Tensor")
+      .validates({"y"})
+      .shape([](const opforge::ShapeContext& c) { return opforge::Outputs{c.like("x")}; });
+}
+std::atomic<int> checked_calls{0};
+void checked_cpu(const opforge::KernelCall&) { ++checked_calls; }
+OPFORGE_KERNEL(test_checked, "cpu", opforge::float_dtypes(), checked_cpu);
+
 // A shape rule that disagrees with its schema: an op author's bug, caught at the first call.
 OPFORGE_OP(test_bad_rule) {
   return opforge::OpDef("test_bad_rule(Tensor x) -> (Tensor, Tensor)")
@@ -207,6 +218,22 @@ TEST_F(Dispatch, RunKernelSkipsOnlyWhenEveryOutputIsEmpty) {
   TensorView o = view(out, DType::float32, {0});
   run_kernel(scale, select_kernel(scale, zero), zero, {&o, 1}, nullptr);
   EXPECT_EQ(scale_calls, 0);
+}
+
+TEST_F(Dispatch, AnEmptyResultStillRunsTheKernelOfAnOpThatValidatesAnInput) {
+  const OpDef& op = find_op("test_checked");
+  EXPECT_EQ(op.validated_args(), std::vector<std::string>{"y"});
+  std::vector<float> a(4), b(4);
+  TensorView none = view(a, DType::float32, {0});
+  checked_calls = 0;
+  const OpInputs with_values{{none, view(b, DType::float32, {4})}, {}};
+  run_kernel(op, select_kernel(op, with_values), with_values, {&none, 1}, nullptr);
+  EXPECT_EQ(checked_calls, 1);  // y's values are checked though nothing is computed
+  const OpInputs nothing{{none, view(b, DType::float32, {0})}, {}};
+  run_kernel(op, select_kernel(op, nothing), nothing, {&none, 1}, nullptr);
+  EXPECT_EQ(checked_calls, 1);  // no values to check either
+  EXPECT_TRUE(throws([] { opforge::OpDef("test_v(Tensor x) -> Tensor").validates({"z"}); }, ErrorKind::runtime,
+                     "unknown tensor argument 'z'"));
 }
 
 TEST_F(Dispatch, ShapeRuleResultCountIsChecked) {
