@@ -20,10 +20,11 @@
 #
 # GPU_CHECK_STEPS (comma-separated step names, or "all", the default) picks the steps. Measured on
 # the H100 (2026-11-26): build 116-141 s (when linear_act_backward's one file, 78 s of nvcc here,
-# was the critical path; its dtypes now compile apart), test_cuda ~50 s, the benchmark ~70 s for every op, memcheck
-# and racecheck ~8 s each, forge ~80 s, the suite (12 workers, 14861 tests) over 125 s. So the first
-# call reaches forge and the second, on the same warm machine (it goes back after 30 s idle: send it
-# at once), runs the rest without building again:
+# was its critical path; its dtypes now compile apart), test_cuda ~50 s, the benchmark ~70-120 s,
+# memcheck and racecheck ~8 s each, forge ~80 s, the suite (12 workers, 14861 tests) over 125 s.
+# A session's 900 s of device time (start-up included) then holds two calls on one warm machine
+# (it goes back after 30 s idle: send the second at once), the second without building again:
+#   GPU_CHECK_STEPS=build,test_cuda,bench,memcheck,racecheck bash scripts/gpu_check.sh
 #   GPU_CHECK_STEPS=forge,suite,stable_abi_foreign_binary bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
