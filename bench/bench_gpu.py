@@ -153,6 +153,15 @@ def implementations(name, ref, attrs, compile_torch, use_jax):
                 opforge._core.set_cublaslt(before)
 
         impls["opforge own"] = (own_kernels, "torch")
+    if name in ("rms_norm", "layer_norm", "softmax"):
+        def resident_rows(*a):  # the other row schedule (opforge/cuda/row_schedule.h), to pick the faster
+            before = opforge._core.set_resident_rows(True)
+            try:
+                return getattr(torch.ops.opforge, name)(*a, **attrs)
+            finally:
+                opforge._core.set_resident_rows(before)
+
+        impls["opforge resident rows"] = (resident_rows, "torch")
     if not getattr(ref, "FRAMEWORK_NATIVE", True):  # its "torch" and "jax" are NumPy on the host: no competitors
         return impls
     if hasattr(ref, "torch"):

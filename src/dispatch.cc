@@ -150,7 +150,10 @@ bool has_dtype(const KernelEntry& k, DType dtype) {
 void reload_config() {
   Overrides& o = overrides();
   std::lock_guard lock(o.mutex);
+  // Not loaded until this load succeeds: a bad setting is reported again at the next lookup, which
+  // the fast path would skip if an earlier load had found no overrides.
   o.loaded = false;
+  o.maybe_any.store(true, std::memory_order_release);
   load_locked(o);
 }
 
