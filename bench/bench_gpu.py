@@ -143,25 +143,23 @@ def implementations(name, ref, attrs, compile_torch, use_jax):
 
     import opforge
 
-    impls = {"opforge": (lambda *a: getattr(torch.ops.opforge, name)(*a, **attrs), "torch")}
+    def ours(*a):
+        return getattr(torch.ops.opforge, name)(*a, **attrs)
+
+    def with_setting(setter, value):  # ours with a process-wide opforge switch turned for the call
+        def call(*a):
+            before = setter(value)
+            try:
+                return ours(*a)
+            finally:
+                setter(before)
+        return call
+
+    impls = {"opforge": (ours, "torch")}
     if name == "linear_act" and opforge._core.cublaslt_status().startswith("cuBLASLt"):
-        def own_kernels(*a):  # opforge with cuBLASLt off: its own tiled kernels
-            before = opforge._core.set_cublaslt(False)
-            try:
-                return getattr(torch.ops.opforge, name)(*a, **attrs)
-            finally:
-                opforge._core.set_cublaslt(before)
-
-        impls["opforge own"] = (own_kernels, "torch")
-    if name in ("rms_norm", "layer_norm", "softmax"):
-        def resident_rows(*a):  # the other row schedule (opforge/cuda/row_schedule.h), to pick the faster
-            before = opforge._core.set_resident_rows(True)
-            try:
-                return getattr(torch.ops.opforge, name)(*a, **attrs)
-            finally:
-                opforge._core.set_resident_rows(before)
-
-        impls["opforge resident rows"] = (resident_rows, "torch")
+        impls["opforge own"] = (with_setting(opforge._core.set_cublaslt, False), "torch")  # its own tiled kernels
+    if name in ("rms_norm", "layer_norm", "softmax"):  # the other row schedule (opforge/cuda/row_schedule.h)
+        impls["opforge resident rows"] = (with_setting(opforge._core.set_resident_rows, True), "torch")
     if not getattr(ref, "FRAMEWORK_NATIVE", True):  # its "torch" and "jax" are NumPy on the host: no competitors
         return impls
     if hasattr(ref, "torch"):
