@@ -55,7 +55,8 @@ def torch(x, weight, bias=None, act="none"):
 def jax(x, weight, bias=None, act="none"):
     import jax
 
-    z = x @ weight.T
+    # "highest": XLA's default float32 product on a GPU rounds its inputs to TF32 (10 mantissa bits)
+    z = jax.numpy.matmul(x, weight.T, precision="highest")
     if bias is not None:
         z = z + bias
     if act == "relu":

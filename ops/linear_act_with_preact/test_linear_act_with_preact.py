@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import opforge
-from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, assert_result, cases, random, strided,
-                             to_float64, to_framework, torch_ops_dispatched)
+from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, assert_result, cases, product_rounding,
+                             random, strided, to_float64, to_framework, torch_ops_dispatched)
 
 ACTS = ["none", "relu", "gelu", "gelu_tanh", "silu"]
 COMPUTE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-24, "bfloat16": 2.0**-24}
@@ -44,6 +44,7 @@ def check(x, w, b, framework, dtype, act):
     scale = np.abs(x64) @ np.abs(w64).T + (0 if b64 is None else np.abs(b64))
     rtol, atol = TOLERANCES[dtype]
     allowed = atol + rtol * np.abs(want) + 1.2 * (x64.shape[-1] + 2) * COMPUTE_EPS[dtype] * scale
+    allowed += product_rounding(preact, x64 @ w64.T, dtype)
     got = to_float64(preact)
     bad = ~(np.abs(got - want) <= allowed)
     assert not bad.any(), f"{bad.sum()} of {bad.size} off: got {got[bad][:5]}, want {want[bad][:5]}"

@@ -94,6 +94,27 @@ def framework_of(x):
     raise TypeError(f"not an array: {type(x).__name__}")
 
 
+def on_gpu(x) -> bool:
+    """Whether x (a NumPy, torch or JAX array) lives on a GPU: JAX puts its arrays there by default."""
+    if isinstance(x, torch.Tensor):
+        return x.device.type == "cuda"
+    devices = getattr(x, "devices", None)
+    return devices is not None and any(d.platform == "gpu" for d in devices())
+
+
+# Largest relative error of one rounding to the half types (their unit roundoff).
+HALF_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+
+def product_rounding(got, product, dtype):
+    """The error linear_act's GPU path may add for the half types: cuBLASLt's bias epilogue adds
+    the bias to the product already rounded to the dtype (seen with cuBLASLt 13.1 on the H200; torch's
+    F.linear takes the same path), one rounding of |x @ w^T| more than the CPU's. 0 elsewhere."""
+    if dtype not in HALF_ROUNDOFF or not on_gpu(got):
+        return 0.0
+    return HALF_ROUNDOFF[dtype] * np.abs(product)
+
+
 def dtype_of(x):
     if isinstance(x, torch.Tensor):
         return str(x.dtype).removeprefix("torch.")

@@ -564,6 +564,12 @@ def activate(z, act):
             "silu": torch.nn.functional.silu}[act](z)
 
 
+def labelled(label):
+    """assert_close's msg: the label before its own message (a plain string would replace it, and
+    with it the mismatch's numbers)."""
+    return lambda message: f"{label}: {message}"
+
+
 def rounded_once(dtype):
     """(rtol, atol) for a result computed in float (double) and rounded once to dtype, against a
     float64 reference: TOLERANCES, with rtol at least a rounding's worst case in the half types
@@ -618,11 +624,11 @@ def test_linear_act_libraries_and_layouts(dtype, act, preact, matmul_library, rn
         if preact:
             got, z = torch.ops.opforge.linear_act_with_preact(x, w, b, act=act)
             want_z = linear_reference(x.cpu(), w.cpu(), None if b is None else b.cpu(), "none")
-            torch.testing.assert_close(z.cpu().double(), want_z, rtol=rtol, atol=atol, msg=name)
+            torch.testing.assert_close(z.cpu().double(), want_z, rtol=rtol, atol=atol, msg=labelled(name))
         else:
             got = opforge.torch.linear_act(x, w, b, act=act)
         assert got.dtype == x.dtype and got.shape == want.shape, name
-        torch.testing.assert_close(got.cpu().double(), want, rtol=rtol, atol=atol, msg=name)
+        torch.testing.assert_close(got.cpu().double(), want, rtol=rtol, atol=atol, msg=labelled(name))
         # The path taken: never cuBLASLt when off; cuBLASLt for the layouts it reads (where it
         # loads) in float32 and float64 (the half types' rows here, 140 bytes apart, may leave
         # cuBLASLt without an algorithm: test_cublaslt_takes_aligned_half_types)
@@ -724,13 +730,19 @@ def test_linear_act_backward_libraries_and_layouts(dtype, act, saved, matmul_lib
         grad = torch.from_numpy(rng.standard_normal((*x.shape[:-1], w.shape[0]))).to(x.dtype).to(DEVICE)
         leaves = [t.cpu().double().requires_grad_() for t in (x, w) + ((b,) if b is not None else ())]
         z = torch.nn.functional.linear(*leaves)
-        want = torch.autograd.grad(activate(z, act), leaves, grad.cpu().double())
-        preact = None
-        if saved:
-            preact = torch.ops.opforge.linear_act_with_preact(x, w, b, act=act)[1]
+        preact = torch.ops.opforge.linear_act_with_preact(x, w, b, act=act)[1] if saved else None
+        if act == "relu" and saved:
+            # relu' jumps at 0 and the kernel takes it at the saved preact, whose sign may differ
+            # from float64's where |z| is below the product's rounding (the half types through
+            # cuBLASLt: opforge.testing.product_rounding): the reference takes the same side.
+            y = z * (preact.cpu().double() > 0)
+        else:
+            y = activate(z, act)
+        want = torch.autograd.grad(y, leaves, grad.cpu().double())
         got = torch.ops.opforge.linear_act_backward(grad, x, w, b, preact, act=act)
         for i, (g, wnt) in enumerate(zip(got, want)):
-            torch.testing.assert_close(g.cpu().double(), wnt, rtol=rtol, atol=atol * 8, msg=f"{name}: result {i}")
+            torch.testing.assert_close(g.cpu().double(), wnt, rtol=rtol, atol=atol * 8,
+                                       msg=labelled(f"{name}: result {i}"))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
@@ -756,7 +768,8 @@ def test_norm_backward_fused_chunks(rows, n, dtype, rng):
         full = op(*args, **attrs)
         want = torch.autograd.grad(y, leaves, g.cpu().double())
         for i, (got, wnt) in enumerate(zip(full, want)):
-            torch.testing.assert_close(got.cpu().double(), wnt, rtol=rtol, atol=atol, msg=f"{name} result {i}")
+            torch.testing.assert_close(got.cpu().double(), wnt, rtol=rtol, atol=atol,
+                                       msg=labelled(f"{name}: result {i}"))
         for mask in range(1, (1 << len(full)) - 1):
             for i, (m, f) in enumerate(zip(op(*args, **attrs, output_mask=mask), full)):
                 assert torch.equal(m, f) if mask >> i & 1 else m.numel() == 0, (name, mask, i)
@@ -852,4 +865,4 @@ def test_row_kernels_cached_and_in_place(n, dtype, rng):
                "softmax_backward": torch.ops.opforge.softmax_backward(v, y.to(DEVICE))}
         for name in want:
             assert got[name].dtype == t, name
-            torch.testing.assert_close(got[name].cpu().double(), want[name], rtol=rtol, atol=atol, msg=name)
+            torch.testing.assert_close(got[name].cpu().double(), want[name], rtol=rtol, atol=atol, msg=labelled(name))

@@ -37,6 +37,11 @@ def plus_two(tmp_path_factory):
     text = kernel.read_text()
     assert "hn::Set(d, 1)" in text and "v + C(1)" in text
     kernel.write_text(text.replace("hn::Set(d, 1)", "hn::Set(d, 2)").replace("v + C(1)", "v + C(2)"))
+    # The CUDA kernel too: it is compiled where opforge has CUDA, and JAX's arrays are on the GPU there.
+    cuda_kernel = root / "ops/plus_two/plus_two_cuda.cu"
+    text = cuda_kernel.read_text()
+    assert text.count("A(1)") == 1 and text.count("cuda::Acc<T>(1)") == 1
+    cuda_kernel.write_text(text.replace("A(1)", "A(2)").replace("cuda::Acc<T>(1)", "cuda::Acc<T>(2)"))
     ref = root / "ops/plus_two/reference.py"
     assert ref.read_text().count("return x + 1") == 3
     ref.write_text(ref.read_text().replace("return x + 1", "return x + 2"))
