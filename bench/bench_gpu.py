@@ -158,8 +158,6 @@ def implementations(name, ref, attrs, compile_torch, use_jax):
     impls = {"opforge": (ours, "torch")}
     if name == "linear_act" and opforge._core.cublaslt_status().startswith("cuBLASLt"):
         impls["opforge own"] = (with_setting(opforge._core.set_cublaslt, False), "torch")  # its own tiled kernels
-    if name in ("rms_norm", "layer_norm", "softmax"):  # the other row schedule (opforge/cuda/row_schedule.h)
-        impls["opforge resident rows"] = (with_setting(opforge._core.set_resident_rows, True), "torch")
     if not getattr(ref, "FRAMEWORK_NATIVE", True):  # its "torch" and "jax" are NumPy on the host: no competitors
         return impls
     if hasattr(ref, "torch"):

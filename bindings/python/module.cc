@@ -10,7 +10,6 @@
 #include "opforge/dispatch.h"
 #ifdef OPFORGE_WITH_CUDA
 #include "opforge/cuda/blaslt.h"
-#include "opforge/cuda/row_schedule.h"
 #endif
 #include "opforge/parallel.h"
 #include "opforge/registry.h"
@@ -204,14 +203,10 @@ NB_MODULE(_core, m) {
     const cuda::blaslt::Calls c = cuda::blaslt::calls();
     return std::make_tuple(c.taken, c.declined);
   }, "(products run through cuBLASLt, products it declined) since the process started.");
-  m.def("set_resident_rows", &cuda::set_resident_rows, nb::arg("on"),
-        "The norms' and softmax's CUDA row kernels: resident blocks walking rows (True) or a block per "
-        "row (False, the default), for this process (benchmarks); returns the previous setting.");
 #else
   m.def("cublaslt_status", [] { return std::string("not built in (a CPU-only build)"); });
   m.def("set_cublaslt", [](bool) { return false; }, nb::arg("enabled"));
   m.def("cublaslt_calls", [] { return std::make_tuple(int64_t{0}, int64_t{0}); });
-  m.def("set_resident_rows", [](bool) { return false; }, nb::arg("on"));
 #endif
 #ifdef OPFORGE_WITH_JAX
   register_jax_bindings(m);

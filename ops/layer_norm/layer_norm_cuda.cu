@@ -47,12 +47,11 @@ __global__ void strided_kernel(T* out, const T* x, cuda::Indexer rows_ix, int64_
   }
 }
 
-template <typename T, bool kAhead>
+template <typename T>
 __global__ void __launch_bounds__(cuda::kMaxRowThreads) cached_kernel(T* out, const T* x, const T* w, int64_t w_step, const T* b, int64_t b_step,
                               int64_t rows, int64_t n, double eps) {
-  cuda::for_cached_rows<kAhead>(x, rows, n, [&](int64_t r, const cuda::CachedRow<T>& row) {
-    normalize(out + r * n, row, x + r * n, w, w_step, b, b_step, n, eps);
-  });
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    normalize(out + r * n, cuda::CachedRow<T>(x + r * n, n), x + r * n, w, w_step, b, b_step, n, eps);
 }
 
 void run(const KernelCall& call) {
@@ -75,13 +74,8 @@ void run(const KernelCall& call) {
       const T* bias = b ? b->data_as<const T>() : nullptr;
       const int64_t b_step = b ? b->stride(0) : 0;
       const double eps = call.attr_float("eps");
-      const int threads = cuda::cached_row_threads(x, out, sizeof(T), {&w, b});
-      if (threads && cuda::resident_rows()) {
-        cached_kernel<T, true><<<cuda::resident_row_blocks("layer_norm", cached_kernel<T, true>, threads, rows), threads,
-                                 0, stream>>>(out.data_as<T>(), x.data_as<const T>(), w.data_as<const T>(), w.stride(0),
-                                              bias, b_step, rows, n, eps);
-      } else if (threads) {
-        cached_kernel<T, false><<<cuda::row_blocks(rows), threads, 0, stream>>>(
+      if (const int threads = cuda::cached_row_threads(x, out, sizeof(T), {&w, b})) {
+        cached_kernel<T><<<cuda::row_blocks(rows), threads, 0, stream>>>(
             out.data_as<T>(), x.data_as<const T>(), w.data_as<const T>(), w.stride(0), bias, b_step, rows, n, eps);
       } else {
         strided_kernel<T><<<cuda::row_blocks(rows), kThreads, 0, stream>>>(

@@ -25,11 +25,10 @@ __global__ void strided_kernel(T* out, const T* x, cuda::Indexer rows_ix, int64_
     normalize(out + r * n, cuda::StridedRow<T>{x + rows_ix.offset(r), col_stride, n}, w, w_stride, n, eps);
 }
 
-template <typename T, bool kAhead>
+template <typename T>
 __global__ void __launch_bounds__(cuda::kMaxRowThreads) cached_kernel(T* out, const T* x, const T* w, int64_t w_stride, int64_t rows, int64_t n, double eps) {
-  cuda::for_cached_rows<kAhead>(x, rows, n, [&](int64_t r, const cuda::CachedRow<T>& row) {
-    normalize(out + r * n, row, w, w_stride, n, eps);
-  });
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    normalize(out + r * n, cuda::CachedRow<T>(x + r * n, n), w, w_stride, n, eps);
 }
 
 void run(const KernelCall& call) {
@@ -49,13 +48,8 @@ void run(const KernelCall& call) {
       fail(ErrorKind::not_implemented, "rms_norm(): no integer kernel");
     } else {
       const cudaStream_t stream = cuda::stream_of(call);
-      const int threads = cuda::cached_row_threads(x, out, sizeof(T), {&w});
-      if (threads && cuda::resident_rows()) {
-        cached_kernel<T, true><<<cuda::resident_row_blocks("rms_norm", cached_kernel<T, true>, threads, rows), threads, 0,
-                                 stream>>>(out.data_as<T>(), x.data_as<const T>(), w.data_as<const T>(), w.stride(0),
-                                           rows, n, eps);
-      } else if (threads) {
-        cached_kernel<T, false><<<cuda::row_blocks(rows), threads, 0, stream>>>(
+      if (const int threads = cuda::cached_row_threads(x, out, sizeof(T), {&w})) {
+        cached_kernel<T><<<cuda::row_blocks(rows), threads, 0, stream>>>(
             out.data_as<T>(), x.data_as<const T>(), w.data_as<const T>(), w.stride(0), rows, n, eps);
       } else {
         strided_kernel<T><<<cuda::row_blocks(rows), kThreads, 0, stream>>>(

@@ -35,10 +35,9 @@ __global__ void strided_kernel(T* out, const T* x, cuda::Indexer rows_ix, int64_
     softmax_row(out + r * n, cuda::StridedRow<T>{x + rows_ix.offset(r), step, n});
 }
 
-template <typename T, bool kAhead>
+template <typename T>
 __global__ void __launch_bounds__(cuda::kMaxRowThreads) cached_kernel(T* out, const T* x, int64_t rows, int64_t n) {
-  cuda::for_cached_rows<kAhead>(x, rows, n,
-                                [&](int64_t r, const cuda::CachedRow<T>& row) { softmax_row(out + r * n, row); });
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) softmax_row(out + r * n, cuda::CachedRow<T>(x + r * n, n));
 }
 
 void run(const KernelCall& call) {
@@ -56,13 +55,9 @@ void run(const KernelCall& call) {
       fail(ErrorKind::not_implemented, "softmax(): no integer kernel");
     } else {
       const cudaStream_t stream = cuda::stream_of(call);
-      const int threads = cuda::cached_row_threads(x, out, sizeof(T));
-      if (threads && cuda::resident_rows()) {
-        cached_kernel<T, true><<<cuda::resident_row_blocks("softmax", cached_kernel<T, true>, threads, rows), threads, 0,
-                                 stream>>>(out.data_as<T>(), x.data_as<const T>(), rows, n);
-      } else if (threads) {
-        cached_kernel<T, false><<<cuda::row_blocks(rows), threads, 0, stream>>>(out.data_as<T>(), x.data_as<const T>(),
-                                                                                 rows, n);
+      if (const int threads = cuda::cached_row_threads(x, out, sizeof(T))) {
+        cached_kernel<T><<<cuda::row_blocks(rows), threads, 0, stream>>>(out.data_as<T>(), x.data_as<const T>(), rows,
+                                                                          n);
       } else {
         strided_kernel<T><<<cuda::row_blocks(rows), kThreads, 0, stream>>>(out.data_as<T>(), x.data_as<const T>(),
                                                                             rows_ix, x.stride(-1), rows, n);

@@ -2,13 +2,11 @@
 // unavailable (with the driver's reason) on machines without a GPU, and never aborts.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
 
 #include "opforge/backend.h"
-#include "opforge/cuda/row_schedule.h"
 #include "opforge/cuda/scratch.h"
 #include "opforge/error.h"
 
@@ -68,13 +66,6 @@ cudaError_t pool_allocate(void** p, size_t bytes, cudaStream_t stream) {
 void pool_release(void* p, cudaStream_t stream) noexcept {
   if (p && cudaFreeAsync(p, stream) != cudaSuccess) cudaGetLastError();
 }
-
-namespace {
-std::atomic<bool> resident{false};
-}  // namespace
-
-bool resident_rows() { return resident.load(std::memory_order_relaxed); }
-bool set_resident_rows(bool on) { return resident.exchange(on); }
 
 }  // namespace cuda
 

@@ -275,21 +275,9 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
 cudaError_t cudaFree(void* p) { return cudaFreeAsync(p, nullptr); }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (device < 0 || device >= cuda_emu::kDevices) return cuda_emu::fail_with(cudaErrorInvalidDevice);
-  if (attr == cudaDevAttrComputeCapabilityMajor) *value = 9;  // as __CUDA_ARCH__ reads 900 here
-  else if (attr == cudaDevAttrMultiProcessorCount) *value = 2;  // few: a resident grid walks many rows per block
-  else return cuda_emu::fail_with(cudaErrorInvalidValue);
+  if (attr != cudaDevAttrComputeCapabilityMajor) return cuda_emu::fail_with(cudaErrorInvalidValue);
+  *value = 9;  // as __CUDA_ARCH__ reads 900 here
   return cudaSuccess;
-}
-// Two blocks per multiprocessor for any kernel (the emulator has no register or shared-memory limits).
-// (The runtime header's template overload calls the WithFlags form.)
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, const void* kernel, int threads,
-                                                                   size_t, unsigned) {
-  if (!kernel || threads <= 0) return cuda_emu::fail_with(cudaErrorInvalidValue);
-  *blocks = 2;
-  return cudaSuccess;
-}
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void* kernel, int threads, size_t shared) {
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, kernel, threads, shared, 0);
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
   cuda_emu::record_stream_use("cudaMemsetAsync", stream);

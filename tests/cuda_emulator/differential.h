@@ -6,7 +6,6 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -21,7 +20,6 @@
 
 #include "../cpp/test_util.h"
 #include "emulator.h"
-#include "opforge/cuda/row_schedule.h"
 #include "opforge/dispatch.h"
 #include "opforge/half.h"
 #include "opforge/kernel.h"
@@ -307,9 +305,8 @@ inline ::testing::AssertionResult same_results(const std::string& what, const Ou
 // opforge's pool, which must give the same bits (opforge's CUDA kernels are deterministic, and a
 // difference is a race); then with grid-stride launches cut to 3 blocks, so
 // their loops take several trips (a kernel that assumed one would leave results unwritten),
-// compared with the CPU again (fewer blocks may sum in another order); a row kernel with a resident
-// variant, that too; then with the caller's stream capturing a CUDA graph. Returns the emulated
-// kernels' names.
+// compared with the CPU again (fewer blocks may sum in another order); then with the caller's
+// stream capturing a CUDA graph. Returns the emulated kernels' names.
 inline std::vector<std::string> check(const std::string& op, const Inputs& inputs, const std::string& what) {
   const size_t live = cuda_emu::live_allocations();
   const Outcome cpu = run_on("cpu", op, inputs);
@@ -328,16 +325,6 @@ inline std::vector<std::string> check(const std::string& op, const Inputs& input
   const Outcome few_blocks = run_on(kEmulated, op, inputs);
   cuda_emu::set_grid_cap(cap);
   EXPECT_TRUE(same_results(op + " " + what + " (3 blocks per grid-stride launch)", cpu, few_blocks));
-  // A row kernel with a resident variant (the norms', softmax's: cuda/row_schedule.h) runs it too:
-  // a few blocks walking the rows, each loading its next row ahead.
-  std::vector<std::string> kernels = gpu.kernels;
-  if (std::any_of(kernels.begin(), kernels.end(), [](const std::string& k) { return k.starts_with("cached_kernel<T, false>"); })) {
-    const bool before = cuda::set_resident_rows(true);
-    const Outcome walking = run_on(kEmulated, op, inputs);
-    cuda::set_resident_rows(before);
-    EXPECT_TRUE(same_results(op + " " + what + " (resident row blocks)", cpu, walking));
-    kernels.insert(kernels.end(), walking.kernels.begin(), walking.kernels.end());
-  }
   // Inside a CUDA graph capture the op must not wait for the device (that would end the capture);
   // an op that must wait says so instead, and every other gives the same bits.
   const Outcome captured = [&] {
@@ -353,7 +340,7 @@ inline std::vector<std::string> check(const std::string& op, const Inputs& input
   else
     EXPECT_TRUE(captured.results == gpu.results) << op << " " << what << ": other bits while capturing a CUDA graph";
   EXPECT_EQ(cuda_emu::live_allocations(), live) << op << " " << what << ": device memory left allocated";
-  return kernels;
+  return gpu.kernels;
 }
 
 inline std::vector<DType> emulated_dtypes(const std::string& op) {

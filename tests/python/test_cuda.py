@@ -188,22 +188,6 @@ def test_torch_tensors_match_cpu(name, dtype, fmt, rng):
             np.testing.assert_allclose(g.double().cpu().numpy(), r.numpy(), rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "softmax"])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_resident_row_blocks_match_cpu(name, dtype, rng):
-    """The norms' and softmax's other schedule (opforge/cuda/row_schedule.h: as many blocks as the
-    GPU holds, each walking rows with its next row loaded ahead; the benchmark compares the two)
-    gives the CPU's results too, over enough rows that every block walks several."""
-    tensors, attrs = sample(name, rng, dtype, rows=3001, cols=1024)
-    want = cpu_result(name, tensors, attrs)
-    before = opforge._core.set_resident_rows(True)
-    try:
-        got = getattr(torch.ops.opforge, name)(*[t.to(DEVICE) for t in tensors], **attrs)
-    finally:
-        opforge._core.set_resident_rows(before)
-    assert_matches(got, want, name, dtype)
-
-
 def jax_device():
     """The JAX device under test, or None where JAX has none (a CPU-only jaxlib on a GPU host)."""
     try:

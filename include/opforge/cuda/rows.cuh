@@ -10,7 +10,6 @@
 #include <initializer_list>
 
 #include "opforge/cuda/common.cuh"
-#include "opforge/cuda/row_schedule.h"
 
 namespace opforge::cuda {
 
@@ -216,39 +215,5 @@ __device__ __forceinline__ A column_sum(const A* partial, int64_t i, int64_t n, 
 }
 
 inline unsigned row_blocks(int64_t rows) { return grid_blocks(rows); }
-
-// Rows blockIdx.x, + gridDim.x, ... of x (contiguous rows of n elements), each as a CachedRow,
-// to f(r, row). kAhead loads the block's next row into registers before f works on the current
-// one, so a block that walks many rows keeps its loads in flight across them.
-template <bool kAhead, typename T, class F>
-__device__ __forceinline__ void for_cached_rows(const T* x, int64_t rows, int64_t n, F f) {
-  int64_t r = blockIdx.x;
-  if constexpr (!kAhead) {
-    for (; r < rows; r += gridDim.x) f(r, CachedRow<T>(x + r * n, n));
-  } else {
-    if (r >= rows) return;
-    CachedRow<T> row(x + r * n, n);
-    for (int64_t next = r + gridDim.x; next < rows; r = next, next += gridDim.x) {
-      const CachedRow<T> ahead(x + next * n, n);
-      f(r, row);
-      row = ahead;
-    }
-    f(r, row);
-  }
-}
-
-// Blocks for a kernel walking `rows` rows with for_cached_rows<true>: as many of `threads` as
-// the current device runs at once (its multiprocessors times the kernel's occupancy), at most
-// one per row.
-template <class Kernel>
-unsigned resident_row_blocks(const char* op, Kernel kernel, int threads, int64_t rows) {
-  int device = 0, sms = 0, per_sm = 0;
-  check_cuda(op, cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  check_cuda(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0),
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  const int64_t resident = std::max<int64_t>(1, int64_t(sms) * per_sm);
-  return grid_blocks(std::min(rows, resident));
-}
 
 }  // namespace opforge::cuda
