@@ -19,13 +19,13 @@
 # Highway. Time budget: GPU_CHECK_BUDGET_S (default 540 s) in all.
 #
 # GPU_CHECK_STEPS (comma-separated step names, or "all", the default) picks the steps. Measured on
-# the H100 (2026-11-26): build 116-141 s (when linear_act_backward's one file, 78 s of nvcc here,
-# was its critical path; its dtypes now compile apart), test_cuda ~50 s, the benchmark ~70-120 s,
-# memcheck and racecheck ~8 s each, forge ~80 s, the suite (12 workers, 14861 tests) over 125 s.
-# A session's 900 s of device time (start-up included) then holds two calls on one warm machine
-# (it goes back after 30 s idle: send the second at once), the second without building again:
+# the H200 at db57f81 (2026-11-26): build 95 s, test_cuda 55 s, the benchmark 81 s, memcheck 9 s,
+# racecheck 12 s (265 s for the first call below, start-up 32 s more); forge past 89 s (85 of its
+# 86 tests), the suite past 240 s (14683 of 14867), the stable-ABI check 82 s. A session's 900 s of
+# device time (start-up included) holds two calls on one warm machine (it goes back after 30 s
+# idle: send the second at once), the second without building again (timeout_s 560):
 #   GPU_CHECK_STEPS=build,test_cuda,bench,memcheck,racecheck bash scripts/gpu_check.sh
-#   GPU_CHECK_STEPS=forge,suite,stable_abi_foreign_binary bash scripts/gpu_check.sh
+#   GPU_CHECK_BUDGET_S=530 GPU_CHECK_STEPS=forge,suite,stable_abi_foreign_binary bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -159,12 +159,12 @@ fi
 # JAX would take 75% of the GPU at its first use; torch and the sanitizer need room too.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 pytest=("$PY" -m pytest -p no:cacheprovider)
-# In parallel where pytest-xdist is installed; -v logs every result as it comes, so a step cut
-# at its time limit still shows what failed (the summary at the end is lost then: seen on the
-# H200); a hung test is stopped where pytest-timeout is installed.
+# In parallel where pytest-xdist is installed; -vv (pyproject's addopts has -q, which one -v
+# only cancels) logs every result as it comes, so a step cut at its time limit still shows what
+# failed and what it never reached; a hung test is stopped where pytest-timeout is installed.
 pytest_parallel=("${pytest[@]}")
 if "$PY" -c 'import xdist' 2> /dev/null; then
-  pytest_parallel+=(-n "${GPU_CHECK_WORKERS:-12}" -v)
+  pytest_parallel+=(-n "${GPU_CHECK_WORKERS:-12}" -vv)
 fi
 if "$PY" -c 'import pytest_timeout' 2> /dev/null; then
   pytest_parallel+=(--timeout 120)
@@ -179,7 +179,7 @@ step bench $((bench_budget + 60)) "$PY" bench/bench_gpu.py --mib 256 --repeats 3
 
 # --- compute-sanitizer over small GPU cases (every kernel, float32; the tiling edges of matmul_q) --
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
-subset="torch_tensors_match_cpu and float32 or matmul_q_bits_match_cpu and (m1- or m9- or m37- or m70-) or strided_inputs and float16 or resident_row_blocks and float32"
+subset="torch_tensors_match_cpu and float32 or matmul_q_bits_match_cpu and (m1- or m9- or m37- or m70-) or strided_inputs and float16"
 # Without torch's caching allocator every tensor is its own allocation, so memcheck sees overruns
 # that would otherwise land inside a cached block.
 if ! wanted memcheck && ! wanted racecheck; then
@@ -193,19 +193,19 @@ else
   # racecheck looks at shared memory: the kernels that use it (norms, softmax, reductions, matmul_q).
   step racecheck 70 "$SAN" --tool racecheck --target-processes all --error-exitcode 9 \
     "${pytest[@]}" -x tests/python/test_cuda.py \
-    -k "torch_tensors_match_cpu and float32 and (matmul_q or norm or softmax or backward) or matmul_q_bits_match_cpu and (m37- or m70-) or resident_row_blocks and float32"
+    -k "torch_tensors_match_cpu and float32 and (matmul_q or norm or softmax or backward) or matmul_q_bits_match_cpu and (m37- or m70-)"
 fi
 
 
 # --- the forge device: registering it makes torch take it for the accelerator, after which CUDA
 # backward passes fail in that process (pytorch/pytorch#161129), so its tests skip themselves beside
 # a GPU unless OPFORGE_TEST_FORGE=1, and run here in a pytest process of their own.
-step forge 90 env OPFORGE_TEST_FORGE=1 "${pytest_parallel[@]}" -rfE tests/python/test_forge.py \
+step forge 120 env OPFORGE_TEST_FORGE=1 "${pytest_parallel[@]}" -rfE tests/python/test_forge.py \
   tests/python/test_autocast.py tests/python/test_saved_tensors.py -k forge
 
 
 # --- everything else, with the GPU present (test_torch's and test_jax's CUDA cases included) -----
-step suite 240 "${pytest_parallel[@]}" -rfE tests/python ops --ignore=tests/python/test_cuda.py
+step suite 300 "${pytest_parallel[@]}" -rfE tests/python ops --ignore=tests/python/test_cuda.py
 
 # --- the stable-ABI promise: the torch adapter built on the development machine (newer torch
 # headers, TORCH_TARGET_VERSION 2.11), carried in build/gpu-deps/stable-abi/, loaded by this
