@@ -4,8 +4,9 @@
                               [--no-jax] [--out DIR]
 
 For each op with a reference (ops/<name>/reference.py), in float32 at 4096 columns and enough
-rows for --mib MiB per full-size input, plus matmul_q (4096 x 4096 Q4_0 / Q8_0 weights against 1
-and 32 activation rows, vs torch's float32 and float16 matmul of the dequantized weights):
+rows for --mib MiB per full-size input, plus matmul_q (4096 x 4096 Q4_0 / Q8_0 weights against 1,
+32 and 512 activation rows, vs torch's float32 and float16 matmul of the dequantized weights, and
+vs itself replayed from a CUDA graph: below 1x, the host's launch cost is what sets its time):
 median time, GB/s (bytes read + written once, from the actual arrays), % of the device-to-device
 copy bandwidth measured in the same run (torch copy_, counting read + write), and opforge's
 speedup over each competitor (their time / ours); the ggml formats' ops, whose references are
@@ -94,6 +95,25 @@ def cuda_events_median(fn, arg_sets, repeats, warmup=3):
         pairs.append((start, end))
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in pairs) / len(arg_sets)
+
+
+def graph_pass(fn, arg_sets):
+    """One pass of fn over arg_sets captured in a CUDA graph, as a function of no arguments that
+    replays it: the device's time for the pass without the host's cost per call (warmed up on a side
+    stream first, as torch's CUDA graph docs ask)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for args in arg_sets:
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for args in arg_sets:
+            fn(*args)
+    return graph.replay
 
 
 def jax_median(fn, arg_sets, repeats, inner=10):
@@ -336,6 +356,11 @@ def bench_matmul_q(args, results, copy_gbs, l2_bytes):
             for impl, (fn, weights) in candidates.items():
                 try:
                     times[impl] = cuda_events_median(fn, [(t,) for t in weights], args.repeats)
+                    if impl == "opforge" and DEVICE == "cuda":
+                        # The same pass replayed from a CUDA graph: where it is much faster, the
+                        # host's launches, not the kernels, set opforge's time at this size.
+                        replay = graph_pass(fn, [(t,) for t in weights])
+                        times["opforge in a CUDA graph"] = cuda_events_median(replay, [()], args.repeats) / len(weights)
                 except Exception as error:
                     print(f"matmul_q {fmt} m={m}: {impl} failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
             if "opforge" not in times:
