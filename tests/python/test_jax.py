@@ -17,7 +17,7 @@ from jax.test_util import check_grads  # noqa: E402
 
 import opforge  # noqa: E402
 import opforge.jax as oj  # noqa: E402
-from opforge.testing import FLOAT_DTYPES, TOLERANCES, random  # noqa: E402
+from opforge.testing import FLOAT_DTYPES, TOLERANCES, product_rounding, random  # noqa: E402
 
 OPS_WITH_REFERENCE = [n for n in opforge._core.op_names()
                       if importlib.util.find_spec(f"opforge.references.{n}") is not None]
@@ -42,14 +42,26 @@ def float64_reference(name, args, attrs):
                                  for a in args], **attrs)
 
 
-def assert_close(got, want, dtype):
+def assert_close(got, want, dtype, extra=0.0):
+    """got within the dtype's tolerance of want, plus `extra` (a bound per element)."""
     if not jnp.issubdtype(want.dtype, jnp.floating):  # bytes (ggml blocks): exact
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
         return
     rtol, atol = TOLERANCES[dtype]
     assert got.dtype == jnp.dtype(dtype)
-    np.testing.assert_allclose(np.asarray(got.astype(jnp.float64)), np.asarray(want), rtol=rtol, atol=atol)
+    g, w = np.asarray(got.astype(jnp.float64)), np.asarray(want)
+    bad = ~((np.abs(g - w) <= atol + rtol * np.abs(w) + extra) | (g == w) | (np.isnan(g) & np.isnan(w)))
+    assert not bad.any(), f"{bad.sum()} of {bad.size} off: got {g[bad][:5]}, want {w[bad][:5]}"
+
+
+def rounding_beyond_tolerance(name, args, dtype, got):
+    """linear_act on a GPU in the half types: cuBLASLt rounds x @ w^T to the dtype before its
+    epilogue adds the bias (opforge.testing.product_rounding), times the activation's largest slope."""
+    if name != "linear_act":
+        return 0.0
+    x, w = (np.asarray(a.astype(jnp.float64)) for a in args[:2])
+    return 1.13 * product_rounding(got, x @ w.T, dtype)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -62,8 +74,8 @@ def test_jit_and_eager_match_reference(name, dtype, rng):
     args, attrs = sample(name, rng, dtype)
     fn = getattr(oj, name)
     want = float64_reference(name, args, attrs)
-    assert_close(jax.jit(lambda *a: fn(*a, **attrs))(*args), want, dtype)
-    assert_close(fn(*args, **attrs), want, dtype)
+    for got in (jax.jit(lambda *a: fn(*a, **attrs))(*args), fn(*args, **attrs)):
+        assert_close(got, want, dtype, rounding_beyond_tolerance(name, args, dtype, got))
 
 
 def test_integer_add_is_exact(rng):
