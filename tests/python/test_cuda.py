@@ -447,12 +447,13 @@ def test_bad_inputs_raise_typed_errors(call, error, message):
 
 # ---------------------------------------------------------------------------------------------
 # The quantized ops at the shapes that stress the GPU kernels' tiling: up to 8 rows a warp per
-# column, 32 blocks at a time; beyond, tiles of 32 rows x 16 columns, 16 blocks at a time (and
-# partial ones), row tiles past gridDim.y's 65535; strides.
+# column, 32 blocks at a time; 9 to 63 rows in tiles of 32 rows x 16 columns, 16 blocks at a time;
+# from 64 rows the tensor-core tiles of 64 rows x 32 columns, 8 blocks at a time (and partial ones
+# of each), row tiles past gridDim.y's 65535; strides.
 
 MATMUL_SHAPES = [pytest.param(m, k, n, id=f"m{m}-k{k}-n{n}") for m, k, n in
                  [(1, 4096, 33), (32, 4096, 17), (9, 544, 100), (70, 64, 5), (3, 1056, 9), (8, 1056, 40),
-                  (37, 608, 21), (32 * 65535 + 9, 32, 3)]]
+                  (37, 608, 21), (130, 352, 70), (512, 4096, 96), (32 * 65535 + 9, 32, 3)]]
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
