@@ -293,12 +293,16 @@ __global__ void __launch_bounds__(kMmaThreads)
         const double dx[2] = {xd[rows + g][b], xd[rows + g + 8][b]};
         const int32_t offset[2] = {F == quant::Format::q4_0 ? 8 * xsum[rows + g][b] : 0,
                                    F == quant::Format::q4_0 ? 8 * xsum[rows + g + 8][b] : 0};
+        // acc + s * (dw * dx) as one FMA: both products are exact in double (dw and dx are fp16
+        // values, 11 significant bits each; |s| < 2^20), so the FMA's one rounding is the addition's
+        // and the bits are block_term's then __dadd_rn's, with one double operation fewer (this
+        // loop, not the tensor cores, is the kernel's arithmetic).
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
             const double s = static_cast<double>(d[j][r] - offset[r >> 1]);
-            acc[j][r] = __dadd_rn(acc[j][r], __dmul_rn(s, __dmul_rn(wd[8 * j + 2 * t + (r & 1)][b], dx[r >> 1])));
+            acc[j][r] = __fma_rn(s, __dmul_rn(wd[8 * j + 2 * t + (r & 1)][b], dx[r >> 1]), acc[j][r]);
           }
         }
       }
