@@ -15,12 +15,14 @@
 
 namespace opforge::cuda {
 
+#ifdef CUDA_EMU_ARCH
+// The emulated instruction's products: four int8 pairs of a and b.
 __device__ __forceinline__ int32_t dot4_s8(uint32_t a, uint32_t b) {
   int32_t s = 0;
-#pragma unroll
   for (int i = 0; i < 4; ++i) s += int32_t(int8_t(a >> (8 * i))) * int32_t(int8_t(b >> (8 * i)));
   return s;
 }
+#endif
 
 // d = a b for the whole warp (every lane calls it, converged).
 __device__ __forceinline__ void mma_s8_16x8x32(int32_t (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
