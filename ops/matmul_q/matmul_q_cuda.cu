@@ -6,8 +6,9 @@
 // order here: every output has one owner thread that adds its terms block by block.
 //
 // Two launches on the caller's stream, with a stream-ordered workspace between them:
-//   quantize_x: one warp per (row, block) of x: int8 quants (4 per word), the fp16-rounded scale
-//               and the sum of the quants (Q4_0 takes its -8 offset out of the dot product).
+//   quantize_x: quantize_q8_0's kernel (a team of lanes per (row, block) of x) writing int8 quants
+//               (4 per word), the fp16-rounded scale and the sum of the quants (Q4_0 takes its -8
+//               offset out of the dot product).
 //   gemv:       for a few rows of x (m <= kGemvRows: decoding a token, a small batch), one warp
 //               per weight row (output column), its lanes on 32 consecutive blocks at a time:
 //               each lane computes its block's exact terms, then every lane adds the 32 terms in
@@ -38,22 +39,28 @@ struct QuantizedX {
   int32_t* sum;
 };
 
-template <typename T>
-__global__ void quantize_x_kernel(QuantizedX xq, const T* x, cuda::BlockWalk walk, int64_t blocks) {
-  const int lane = threadIdx.x % 32;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
-  for (int64_t g = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; g < blocks; g += warps) {
-    const float v = static_cast<float>(cuda::load(x + walk.offset(g) + lane * walk.inner));
-    int8_t q;
-    const float d = cuda::quantize_lane_q8_0(v, q);
-    reinterpret_cast<int8_t*>(xq.q)[g * quant::kBlock + lane] = q;
-    const int32_t sum = cuda::warp_sum(q);
-    if (lane == 0) {
-      xq.d[g] = cuda::half_value(cuda::half_bits(d));  // the products use the stored (fp16) scale
+// The quantizer's sink (opforge/cuda/ggml_quant.cuh) for x: a team's quants as words, its block's
+// scale rounded to fp16 (the products use the stored scale) and the sum of its quants.
+struct QuantizedXSink {
+  QuantizedX xq;
+
+  template <int E>
+  __device__ __forceinline__ void operator()(int64_t g, int member, bool valid, const int8_t (&q)[E], float d) const {
+    int32_t sum = 0;
+#pragma unroll
+    for (int e = 0; e < E; ++e) sum += q[e];
+    sum = cuda::team_sum<quant::kBlock / E>(sum);
+    if (!valid) return;
+    uint32_t w[E / 4];
+    cuda::pack_words(q, w);
+#pragma unroll
+    for (int i = 0; i < E / 4; ++i) xq.q[g * 8 + member * (E / 4) + i] = static_cast<int32_t>(w[i]);
+    if (member == 0) {
+      xq.d[g] = cuda::half_value(cuda::half_bits(d));
       xq.sum[g] = sum;
     }
   }
-}
+};
 
 // Weight row c's block b starts at w + c * row_stride + b * bytes * inner; byte j is j * inner
 // further. `halves`: inner == 1 and every block 2-byte aligned, so quants load as 16-bit words.
@@ -378,8 +385,7 @@ void run(const KernelCall& call) {
   const auto launch = [&](auto tag) {
     using T = decltype(tag);
     if (blocks > 0) {
-      quantize_x_kernel<T><<<cuda::blocks_for(blocks * 32, kThreads), kThreads, 0, stream>>>(
-          xq, x.data_as<const T>(), walk, blocks);
+      cuda::launch_quantize_blocks<quant::Format::q8_0>(QuantizedXSink{xq}, x.data_as<const T>(), walk, blocks, stream);
       cuda::check_launch(op);
     }
     if (m <= kGemvRows) {

@@ -160,9 +160,13 @@ double spread(std::mt19937& rng) { return normal(rng) * std::pow(10.0, std::unif
 
 const std::vector<Shape> kQuantRows = {{0, 32}, {1, 32}, {3, 64}, {5, 160}, {2, 3, 96}};
 
+// Small integers: blocks whose largest magnitude several values share, with either sign (Q4_0's
+// scale is the first one's, wherever in the block and whichever lane holds it).
+double ties(std::mt19937& rng) { return double(int(rng() % 7) - 3); }
+
 Case quantize() {
-  return {int(kQuantRows.size()), [](DType d, int s, Layout l, std::mt19937& rng) {
-            return Inputs{{make(d, kQuantRows[s], l, rng, spread)}, {}};
+  return {int(kQuantRows.size()) * 2, [](DType d, int s, Layout l, std::mt19937& rng) {
+            return Inputs{{make(d, kQuantRows[s / 2], l, rng, s % 2 ? ties : spread)}, {}};
           }};
 }
 
