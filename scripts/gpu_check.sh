@@ -179,7 +179,7 @@ step bench $((bench_budget + 60)) "$PY" bench/bench_gpu.py --mib 256 --repeats 3
 
 # --- compute-sanitizer over small GPU cases (every kernel, float32; the tiling edges of matmul_q) --
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
-subset="torch_tensors_match_cpu and float32 or matmul_q_bits_match_cpu and (m1- or m9- or m37- or m70- or m130-) or strided_inputs and float16"
+subset="torch_tensors_match_cpu and float32 or matmul_q_bits_match_cpu and (m1- or m4- or m9- or m32- or m37- or m70- or m96- or m130-) or strided_inputs and float16"
 # Without torch's caching allocator every tensor is its own allocation, so memcheck sees overruns
 # that would otherwise land inside a cached block.
 if ! wanted memcheck && ! wanted racecheck; then
@@ -193,7 +193,7 @@ else
   # racecheck looks at shared memory: the kernels that use it (norms, softmax, reductions, matmul_q).
   step racecheck 70 "$SAN" --tool racecheck --target-processes all --error-exitcode 9 \
     "${pytest[@]}" -x tests/python/test_cuda.py \
-    -k "torch_tensors_match_cpu and float32 and (matmul_q or norm or softmax or backward) or matmul_q_bits_match_cpu and (m37- or m70- or m130-)"
+    -k "torch_tensors_match_cpu and float32 and (matmul_q or norm or softmax or backward) or matmul_q_bits_match_cpu and (m4- or m32- or m37- or m70- or m96- or m130-)"
 fi
 
 

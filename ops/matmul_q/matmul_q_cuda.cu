@@ -19,10 +19,13 @@
 //               weight rows per warp: each lane adds its outputs' terms in block order as it walks
 //               the blocks, x's and the weights' quantized blocks staged in shared memory a chunk
 //               of 16 blocks at a time, the next chunk loading meanwhile.
+// All three read the weights as 16-byte pieces of whole runs of blocks (WeightRuns) where the
+// weights' layout allows, and block by block otherwise.
 //   mma:        from 64 rows (a prompt), the int32 dot products from int8 tensor cores (exact:
 //               mma m16n8k32 is one block's 32 products), the terms and their ordered sums as
 //               above: a thread block per 64 rows x 32 columns. (The rows kernel ran 512 rows
 //               at 1-2% of the H200's copy bandwidth, 13x torch's float16 product's time.)
+#include "opforge/cuda/async_copy.cuh"
 #include "opforge/cuda/ggml_quant.cuh"
 #include "opforge/cuda/mma.cuh"
 #include "opforge/cuda/scratch.h"
@@ -64,10 +67,13 @@ struct QuantizedXSink {
 
 // Weight row c's block b starts at w + c * row_stride + b * bytes * inner; byte j is j * inner
 // further. `halves`: inner == 1 and every block 2-byte aligned, so quants load as 16-bit words.
+// `spans`: inner == 1, the rows 16-byte aligned and a whole number of 16-byte pieces long (a
+// multiple of 8 blocks: 272 or 144 bytes), so runs of blocks from a multiple of 8 load as 16-byte
+// pieces (WeightRuns).
 struct WeightView {
   const uint8_t* data;
   int64_t row_stride, inner;
-  bool halves;
+  bool halves, spans;
 };
 
 // Quant bytes j .. j + 3 of a block as one little-endian word.
@@ -95,6 +101,62 @@ __device__ __forceinline__ double load_weight_block(const WeightView& w, int64_t
   return static_cast<double>(cuda::half_value(static_cast<uint16_t>(block[0] | (block[w.inner] << 8))));
 }
 
+// Runs of kRun consecutive blocks (from a multiple of kRun) of kCols weight rows, copied by a group
+// of kGroup threads into shared memory as 16-byte pieces (WeightView::spans), then read a block at
+// a time. A thread loading a whole 34-byte (18-byte) block itself, in 16-bit words, made each load
+// instruction of a warp touch ~9 (5) cache lines, 18 (11) instructions a block: by that count
+// (an estimate, not a measurement) L1, not HBM, set the kernels' pace.
+template <quant::Format F, int kRun, int kCols, int kGroup>
+struct WeightRuns {
+  static constexpr int kBlockBytes = static_cast<int>(cuda::block_bytes_of(F));
+  static constexpr int kPieces = kRun * kBlockBytes / 16;  // per row's run
+  static constexpr int kAll = kCols * kPieces, kPerThread = (kAll + kGroup - 1) / kGroup;
+  static_assert(kRun % 8 == 0, "8 blocks are a whole number of 16-byte pieces in both formats");
+
+  // Piece i of thread t is piece e = t + i * kGroup: row c0 + e / kPieces, piece e % kPieces of its
+  // run of kb blocks from block b0 (rows past n and pieces past the run's last block: none).
+  __device__ __forceinline__ static bool has(int e, int64_t c0, int64_t n, int kb) {
+    return e < kAll && c0 + e / kPieces < n && e % kPieces < (kb * kBlockBytes + 15) / 16;
+  }
+  __device__ __forceinline__ static void load(int4 (&r)[kPerThread], const WeightView& w, int64_t c0, int64_t n,
+                                              int64_t b0, int kb, int t) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int e = t + i * kGroup;
+      if (has(e, c0, n, kb))  // the last piece ends within the row: rows end on a piece
+        r[i] = reinterpret_cast<const int4*>(w.data + (c0 + e / kPieces) * w.row_stride + b0 * kBlockBytes)[e % kPieces];
+    }
+  }
+  __device__ __forceinline__ static void store(int4* runs, const int4 (&r)[kPerThread], int64_t c0, int64_t n, int kb,
+                                               int t) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i)
+      if (has(t + i * kGroup, c0, n, kb)) runs[t + i * kGroup] = r[i];
+  }
+  // All of the group's pieces straight to shared memory (cp.async: no registers held for them).
+  __device__ __forceinline__ static void copy_async(int4* runs, const WeightView& w, int64_t c0, int64_t n, int64_t b0,
+                                                    int kb, int t) {
+    for (int e = t; e < kAll; e += kGroup)
+      if (has(e, c0, n, kb))
+        cuda::copy16_async(runs + e, w.data + (c0 + e / kPieces) * w.row_stride + b0 * kBlockBytes + e % kPieces * 16);
+  }
+  // Block j of row `col`'s staged run: its quants into wq, its scale returned. A block starts at an
+  // even byte, so its quant words are the aligned words there shifted by 0 or 16 bits.
+  __device__ __forceinline__ static double block(const int4* runs, int col, int j, int32_t* wq) {
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(runs + col * kPieces);
+    const int at = j * kBlockBytes, o = at + 2;  // the block, its quants
+    const uint32_t* a = reinterpret_cast<const uint32_t*>(bytes) + o / 4;
+    const unsigned shift = (o % 4) * 8;
+    uint32_t words[kWords<F> + 1];
+#pragma unroll
+    for (int i = 0; i < kWords<F>; ++i) words[i] = a[i];
+    words[kWords<F>] = shift ? a[kWords<F>] : 0u;  // past the block when the shift is 0
+#pragma unroll
+    for (int i = 0; i < kWords<F>; ++i) wq[i] = static_cast<int32_t>(__funnelshift_r(words[i], words[i + 1], shift));
+    return static_cast<double>(cuda::half_value(reinterpret_cast<const uint16_t*>(bytes)[at / 2]));
+  }
+};
+
 // One exact term: the int32 dot product of a weight block's quants wq with x's quantized block xw
 // (8 words; xsum the sum of its quants, for Q4_0's offset), times both scales, in double.
 template <quant::Format F>
@@ -121,8 +183,13 @@ static_assert(kWarpCols * kTileChunk == 32, "each lane loads one of its warp's w
 // loads of one block by 8 consecutive lanes (rows) fall in 8 different groups of banks.
 constexpr int kXStride = kTileChunk * 8 + 4;
 
+// A warp's weight runs in rows_kernel: its 2 weight rows' 16 blocks of a chunk.
+template <quant::Format F>
+using TileRuns = WeightRuns<F, kTileChunk, kWarpCols, 32>;
+
 // One chunk's share of a thread: x's quant words, scales and sums for the tile's rows (a part of
-// each, every thread the same number) and the weight block its lane loads, in registers: loaded
+// each, every thread the same number) and its lane's part of the warp's weight blocks (16-byte
+// pieces of them, or where the weights do not allow those, one whole block), in registers: loaded
 // one chunk ahead, while the tile computes the current one, then stored to shared memory.
 template <quant::Format F>
 struct ChunkShare {
@@ -131,6 +198,7 @@ struct ChunkShare {
   int32_t xw[kWordsPerThread];
   float xd[kScalesPerThread];
   int32_t xsum[kScalesPerThread];
+  int4 pieces[TileRuns<F>::kPerThread];
   int32_t wq[kWords<F>];
   double dw;
 
@@ -159,6 +227,10 @@ struct ChunkShare {
       }
     }
     const int lane = threadIdx.x % 32, col = lane / kTileChunk, b = lane % kTileChunk;
+    if (w.spans) {
+      TileRuns<F>::load(pieces, w, c0, n, b0, kb, lane);
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kWords<F>; ++i) wq[i] = 0;
     dw = c0 + col < n && b < kb ? load_weight_block<F>(w, c0 + col, b0 + b, wq) : 0.0;
@@ -182,6 +254,7 @@ __global__ void __launch_bounds__(kThreads, 2)  // two tiles per SM: one loads w
   __shared__ int32_t xsum[kTileRows][kTileChunk + 1];
   __shared__ __align__(16) int32_t ws[kThreads / 32][kWarpCols][kTileChunk][8];
   __shared__ double wd[kThreads / 32][kWarpCols][kTileChunk];
+  __shared__ __align__(16) int4 runs[kThreads / 32][TileRuns<F>::kAll];
   using Share = ChunkShare<F>;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t c0 = int64_t(blockIdx.x) * kTileCols + warp * kWarpCols;
@@ -203,6 +276,14 @@ __global__ void __launch_bounds__(kThreads, 2)  // two tiles per SM: one loads w
         const int e = threadIdx.x + i * kThreads;
         xd[e / kTileChunk][e % kTileChunk] = static_cast<double>(next.xd[i]);
         xsum[e / kTileChunk][e % kTileChunk] = next.xsum[i];
+      }
+      if (w.spans) {  // the warp's pieces to shared memory, then each lane's block from there
+        TileRuns<F>::store(runs[warp], next.pieces, c0, n, kb, lane);
+        __syncwarp();
+        const int col = lane / kTileChunk, b = lane % kTileChunk;
+#pragma unroll
+        for (int i = 0; i < kWords<F>; ++i) next.wq[i] = 0;
+        next.dw = c0 + col < n && b < kb ? TileRuns<F>::block(runs[warp], col, b, next.wq) : 0.0;
       }
 #pragma unroll
       for (int i = 0; i < kWords<F>; ++i) ws[warp][lane / kTileChunk][lane % kTileChunk][i] = next.wq[i];
@@ -249,13 +330,15 @@ constexpr int kMmaWarps = 4, kMmaThreads = 32 * kMmaWarps, kMmaTileRows = 16 * k
 constexpr int kMmaChunk = 8, kMmaStride = kMmaChunk * 8 + 4;
 
 template <quant::Format F, typename T>
-__global__ void __launch_bounds__(kMmaThreads)
+__global__ void __launch_bounds__(kMmaThreads, 5)  // 5 tiles per SM: as many as 40 KB of shared memory allows
     mma_kernel(T* y, QuantizedX xq, WeightView w, int64_t m, int64_t n, int64_t nb) {
   __shared__ __align__(16) uint32_t xs[kMmaTileRows][kMmaStride];
   __shared__ __align__(16) uint32_t ws[kMmaTileCols][kMmaStride];
   __shared__ double xd[kMmaTileRows][kMmaChunk];
   __shared__ int32_t xsum[kMmaTileRows][kMmaChunk];
   __shared__ double wd[kMmaTileCols][kMmaChunk];
+  using Runs = WeightRuns<F, kMmaChunk, kMmaTileCols, kMmaThreads>;  // the tile's weight rows' chunk
+  __shared__ __align__(16) int4 runs[Runs::kAll];
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int rows = (threadIdx.x / 32) * 16;  // this warp's rows in the tile
   const int64_t c0 = int64_t(blockIdx.x) * kMmaTileCols;
@@ -264,6 +347,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     for (int64_t b0 = 0; b0 < nb; b0 += kMmaChunk) {
       const int kb = static_cast<int>(nb - b0 < kMmaChunk ? nb - b0 : kMmaChunk);
       __syncthreads();  // the previous chunk's reads of shared memory are done
+      if (w.spans) Runs::copy_async(runs, w, c0, n, b0, kb, threadIdx.x);  // in flight while x's chunk loads
       for (int e = threadIdx.x; e < kMmaTileRows * kMmaChunk * 8; e += kMmaThreads) {
         const int row = e / (kMmaChunk * 8), word = e % (kMmaChunk * 8);
         const bool in = r0 + row < m && word / 8 < kb;
@@ -275,11 +359,15 @@ __global__ void __launch_bounds__(kMmaThreads)
         xd[row][b] = in ? static_cast<double>(xq.d[(r0 + row) * nb + b0 + b]) : 0.0;
         xsum[row][b] = in ? xq.sum[(r0 + row) * nb + b0 + b] : 0;
       }
+      if (w.spans) {  // the same for every thread
+        cuda::wait_async_copies();
+        __syncthreads();  // the weight runs are in shared memory
+      }
       for (int e = threadIdx.x; e < kMmaTileCols * kMmaChunk; e += kMmaThreads) {
         const int col = e / kMmaChunk, b = e % kMmaChunk;
         int32_t wq[kWords<F>] = {};
         const bool in = c0 + col < n && b < kb;
-        wd[col][b] = in ? load_weight_block<F>(w, c0 + col, b0 + b, wq) : 0.0;
+        wd[col][b] = !in ? 0.0 : w.spans ? Runs::block(runs, col, b, wq) : load_weight_block<F>(w, c0 + col, b0 + b, wq);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           uint32_t v = static_cast<uint32_t>(wq[i % kWords<F>]);
@@ -328,22 +416,39 @@ __global__ void __launch_bounds__(kMmaThreads)
 
 constexpr int kGemvRows = 8;
 
-template <quant::Format F, typename T>
-__global__ void __launch_bounds__(kThreads)
+// R: the most rows a launch has (1: one token, its own instantiation in fewer registers).
+template <quant::Format F, typename T, int R>
+// One row: 4 blocks per SM (64 registers, no spills) run 4096 columns (warps) in one wave on 132
+// SMs; more rows need more registers (3 blocks, 85 at most).
+__global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 3)
     gemv_kernel(T* y, QuantizedX xq, WeightView w, int rows, int64_t n, int64_t nb) {
+  using Runs = WeightRuns<F, 32, 1, 32>;  // a warp's 32 blocks of its weight row
+  __shared__ __align__(16) int4 runs[kThreads / 32][Runs::kPieces];
+  int4* run = runs[threadIdx.x / 32];
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
   for (int64_t c = (blockIdx.x * int64_t(kThreads) + threadIdx.x) / 32; c < n; c += warps) {  // warp-uniform
-    double acc[kGemvRows];
+    double acc[R];
 #pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) acc[r] = 0.0;
+    for (int r = 0; r < R; ++r) acc[r] = 0.0;
+    int4 next[Runs::kPerThread];  // the next run's pieces, loading while the current one computes
+    if (w.spans) Runs::load(next, w, c, n, 0, static_cast<int>(nb < 32 ? nb : 32), lane);
     for (int64_t b0 = 0; b0 < nb; b0 += 32) {
       const int64_t b = b0 + lane;
       const int count = static_cast<int>(nb - b0 < 32 ? nb - b0 : 32);
       int32_t wq[kWords<F>] = {};
-      const double dw = lane < count ? load_weight_block<F>(w, c, b, wq) : 0.0;
+      double dw = 0.0;
+      if (w.spans) {
+        Runs::store(run, next, c, n, count, lane);
+        __syncwarp();
+        if (b0 + 32 < nb) Runs::load(next, w, c, n, b0 + 32, static_cast<int>(nb - b0 - 32 < 32 ? nb - b0 - 32 : 32), lane);
+        if (lane < count) dw = Runs::block(run, 0, lane, wq);
+        __syncwarp();  // every lane has its block before the next run is stored
+      } else if (lane < count) {
+        dw = load_weight_block<F>(w, c, b, wq);
+      }
 #pragma unroll
-      for (int r = 0; r < kGemvRows; ++r) {
+      for (int r = 0; r < R; ++r) {
         if (r >= rows) break;
         const int64_t g = r * nb + b;  // x's row r, block b
         const double term =
@@ -353,7 +458,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (lane < rows) {  // lane r stores row r's result (every lane holds all of them)
 #pragma unroll
-      for (int r = 0; r < kGemvRows; ++r)
+      for (int r = 0; r < R; ++r)
         if (r == lane) cuda::store(y + r * n + c, __double2float_rn(acc[r]));
     }
   }
@@ -378,8 +483,10 @@ void run(const KernelCall& call) {
     xq.d = reinterpret_cast<float*>(workspace.as<char>() + blocks * quant::kBlock);
     xq.sum = reinterpret_cast<int32_t*>(xq.d + blocks);
   }
-  WeightView wv{w.data_as<const uint8_t>(), w.stride(0), w.stride(1), false};
+  WeightView wv{w.data_as<const uint8_t>(), w.stride(0), w.stride(1), false, false};
   wv.halves = wv.inner == 1 && wv.row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(wv.data) % 2 == 0;
+  wv.spans = wv.inner == 1 && wv.row_stride % 16 == 0 && cuda::aligned16(wv.data) &&
+             nb * quant::block_bytes(format) % 16 == 0;
   const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
   const dim3 grid(static_cast<unsigned>((n + kTileCols - 1) / kTileCols), cuda::grid_blocks(row_tiles, 65535));
   const auto launch = [&](auto tag) {
@@ -390,10 +497,15 @@ void run(const KernelCall& call) {
     }
     if (m <= kGemvRows) {
       const unsigned gemv_grid = cuda::blocks_for(n * 32, kThreads);
-      if (format == quant::Format::q8_0)
-        gemv_kernel<quant::Format::q8_0, T><<<gemv_grid, kThreads, 0, stream>>>(out.data_as<T>(), xq, wv, int(m), n, nb);
+      T* y = out.data_as<T>();
+      if (format == quant::Format::q8_0 && m == 1)
+        gemv_kernel<quant::Format::q8_0, T, 1><<<gemv_grid, kThreads, 0, stream>>>(y, xq, wv, 1, n, nb);
+      else if (format == quant::Format::q8_0)
+        gemv_kernel<quant::Format::q8_0, T, kGemvRows><<<gemv_grid, kThreads, 0, stream>>>(y, xq, wv, int(m), n, nb);
+      else if (m == 1)
+        gemv_kernel<quant::Format::q4_0, T, 1><<<gemv_grid, kThreads, 0, stream>>>(y, xq, wv, 1, n, nb);
       else
-        gemv_kernel<quant::Format::q4_0, T><<<gemv_grid, kThreads, 0, stream>>>(out.data_as<T>(), xq, wv, int(m), n, nb);
+        gemv_kernel<quant::Format::q4_0, T, kGemvRows><<<gemv_grid, kThreads, 0, stream>>>(y, xq, wv, int(m), n, nb);
     } else if (m >= kMmaRowsFrom) {
       const dim3 mma_grid(static_cast<unsigned>((n + kMmaTileCols - 1) / kMmaTileCols),
                           cuda::grid_blocks((m + kMmaTileRows - 1) / kMmaTileRows, 65535));

@@ -253,6 +253,10 @@ inline float __int_as_float(int v) { return std::bit_cast<float>(v); }
 inline long long __double_as_longlong(double v) { return std::bit_cast<long long>(v); }
 inline double __longlong_as_double(long long v) { return std::bit_cast<double>(v); }
 inline int __ffs(int v) { return __builtin_ffs(v); }
+// (hi:lo) >> (shift & 31), the low 32 bits, as the GPU's funnel shift (shf.r.wrap).
+inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
+  return static_cast<unsigned>(((static_cast<unsigned long long>(hi) << 32) | lo) >> (shift & 31));
+}
 inline int __ffsll(long long v) { return __builtin_ffsll(v); }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }

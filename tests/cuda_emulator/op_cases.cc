@@ -197,13 +197,16 @@ Case dequantize() {
 }
 
 Case matmul_q() {
-  // m <= 8 takes the warp-per-column kernel (35 blocks: a second, partial chunk of 32), m = 9 to 63
+  // m <= 8 takes the warp-per-column kernel (35 blocks: a second, partial chunk of 32; with rows of
+  // a multiple of 8 blocks, contiguous weights load as 16-byte pieces: 72 and 8 blocks), m = 9 to 63
   // the lane-per-row tiles of 32 rows x 16 columns (37 x 19 blocks x 21: a second, partial tile each
-  // way and a second, partial chunk of 16 blocks), m >= 64 the tensor-core tiles of 64 rows x 32
-  // columns (70 x 10 blocks x 37: a second, partial tile each way and a partial chunk of 8 blocks)
+  // way and a second, partial chunk of 16 blocks; 40 blocks in pieces), m >= 64 the tensor-core
+  // tiles of 64 rows x 32 columns (70 x 10 blocks x 37: a second, partial tile each way and a
+  // partial chunk of 8 blocks; 16 blocks in pieces)
   const std::vector<Product> shapes = {{{0, 32}, 3}, {{1, 32}, 1},   {{5, 64}, 7},    {{9, 96}, 33},
                                        {{2, 3, 64}, 5}, {{3, 1120}, 9}, {{8, 64}, 4}, {{37, 608}, 21},
-                                       {{70, 320}, 37}};
+                                       {{70, 320}, 37}, {{3, 2304}, 9}, {{1, 256}, 3},
+                                       {{37, 1280}, 21}, {{70, 512}, 37}};
   return {int(shapes.size()) * 2, [=](DType d, int s, Layout l, std::mt19937& rng) {
             const Product& p = shapes[s / 2];
             const std::string format = s % 2 ? "q4_0" : "q8_0";

@@ -150,8 +150,9 @@ TEST(CudaEmulated, LayoutsPickTheirKernels) {
 }
 
 // Ops whose contract is the CPU kernel's bits, which the tolerance of the cases above would not see
-// broken: matmul_q (matmul_q.h: exact block terms added in double in block order, rounded once; both
-// CUDA kernels, the warp per column for up to 8 rows and the lane per row beyond) and scatter_add (each
+// broken: matmul_q (matmul_q.h: exact block terms added in double in block order, rounded once; the
+// three CUDA kernels: the warp per column for up to 8 rows, the lane per row to 63, the tensor
+// cores' tiles beyond) and scatter_add (each
 // bucket's rows added in index order, in float32 and float64). A matmul_q term rounded to float, or
 // a scatter_add bucket summed out of order, is caught here; the order of matmul_q's double sums
 // almost never shows in a float32 result.
@@ -159,7 +160,7 @@ TEST(CudaEmulated, OrderedSumsMatchTheCpuBitForBit) {
   std::mt19937 rng(29);
   for (const auto& [op, dtypes, kernel_names] :
        {std::tuple<std::string, std::vector<DType>, std::vector<std::string>>{
-            "matmul_q", {DType::float32}, {"gemv_kernel", "rows_kernel"}},
+            "matmul_q", {DType::float32}, {"gemv_kernel", "rows_kernel", "mma_kernel"}},
         {"scatter_add", {DType::float32, DType::float64}, {"sum_kernel"}}}) {
     const Case& c = cases().at(op);
     std::set<std::string> kernels;

@@ -449,10 +449,12 @@ def test_bad_inputs_raise_typed_errors(call, error, message):
 # The quantized ops at the shapes that stress the GPU kernels' tiling: up to 8 rows a warp per
 # column, 32 blocks at a time; 9 to 63 rows in tiles of 32 rows x 16 columns, 16 blocks at a time;
 # from 64 rows the tensor-core tiles of 64 rows x 32 columns, 8 blocks at a time (and partial ones
-# of each), row tiles past gridDim.y's 65535; strides.
+# of each), row tiles past gridDim.y's 65535; strides. Rows of a multiple of 8 blocks (k a multiple
+# of 256) load the weights as 16-byte pieces through shared memory; the others block by block.
 
 MATMUL_SHAPES = [pytest.param(m, k, n, id=f"m{m}-k{k}-n{n}") for m, k, n in
                  [(1, 4096, 33), (32, 4096, 17), (9, 544, 100), (70, 64, 5), (3, 1056, 9), (8, 1056, 40),
+                  (4, 1024, 40), (96, 512, 40),
                   (37, 608, 21), (130, 352, 70), (512, 4096, 96), (32 * 65535 + 9, 32, 3)]]
 
 
