@@ -77,3 +77,17 @@ def test_the_tables_are_written(dry_run):
         assert f"| {op} |" in table, op
     if importlib.util.find_spec("matplotlib"):
         assert (out / "ops_cuda.png").stat().st_size > 0
+
+
+def test_the_profile_names_every_case(tmp_path):
+    """bench/profile_gpu.py (the gpu_check step after the benchmark): every case gets its line of
+    wall time and kernel time, and the file is written."""
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "profile_gpu.py"), "--dry-run", "--calls", "2",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = (tmp_path / "profile_cuda.txt").read_text()
+    assert "--dry-run" in text.splitlines()[0]
+    for case in ("scatter_add", "quantize_q8_0", "matmul_q q4_0 1x", "matmul_q q8_0 512x"):
+        line = next((l for l in text.splitlines() if l.startswith(case)), None)
+        assert line and "wall" in line and "kernels" in line, (case, text)
