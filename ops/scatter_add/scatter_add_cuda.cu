@@ -17,10 +17,6 @@ namespace opforge::scatter_add_cuda {
 using scatter_cuda::kThreads;
 using Key = unsigned long long;
 
-__global__ void iota_kernel(int64_t* out, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) out[i] = i;
-}
-
 // start[j] = first p with sorted[p] >= j, for j in [0, dim_size].
 __global__ void start_kernel(int64_t* start, const Key* sorted, int64_t n, int64_t dim_size) {
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j <= dim_size; j += int64_t(gridDim.x) * blockDim.x) {
@@ -90,11 +86,10 @@ void run(const KernelCall& call) {
   int64_t* start = order + n;
   Key* scratch = reinterpret_cast<Key*>(start + dim_size + 1);
   void* sort_storage = workspace.as<char>() + words * 8;
-  scatter_cuda::launch_index_check(call, keys, scratch, dim_size);
+  // With the keys, the sort's values: positions 0, 1, ... (none for the index check alone).
+  scatter_cuda::launch_index_check(call, keys, scratch, dim_size, out.numel() > 0 ? positions : nullptr);
   if (out.numel() > 0) {  // else called for the index check alone (OpDef::validates)
     if (n > 0) {
-      iota_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(positions, n);
-      cuda::check_launch(op);  // before cub, which would report this launch's error as its own
       cuda::check_cuda(op, cub::DeviceRadixSort::SortPairs(sort_storage, sort_bytes, keys, sorted, positions, order,
                                                            n, 0, end_bit, stream),
                        "cub::DeviceRadixSort::SortPairs");

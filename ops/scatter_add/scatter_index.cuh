@@ -19,21 +19,24 @@ namespace opforge::scatter_cuda {
 constexpr int kThreads = 256;
 constexpr unsigned long long kNone = ~0ull;
 
+// keys[i] = index[i], positions[i] = i where positions is not null (a sort's values, in the same
+// launch), and the first position of a value outside [0, limit) into *first_bad.
 template <typename I>
-__global__ void read_kernel(unsigned long long* keys, unsigned long long* first_bad, const I* index, int64_t stride,
-                            int64_t n, int64_t limit) {
+__global__ void read_kernel(unsigned long long* keys, int64_t* positions, unsigned long long* first_bad,
+                            const I* index, int64_t stride, int64_t n, int64_t limit) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t v = index[i * stride];
     keys[i] = static_cast<unsigned long long>(v);
+    if (positions) positions[i] = i;
     if (v < 0 || v >= limit) atomicMin(first_bad, static_cast<unsigned long long>(i));
   }
 }
 
-// Launches the check of call's 'index' (n values): fills keys[0, n) (device memory) and
-// scratch (one device word) with the first position of a value outside [0, limit). Nothing to
-// wait for yet: first_bad_index reads the result.
+// Launches the check of call's 'index' (n values): fills keys[0, n) (device memory), positions[0,
+// n) with 0, 1, ... unless it is null, and scratch (one device word) with the first position of a
+// value outside [0, limit). Nothing to wait for yet: first_bad_index reads the result.
 inline void launch_index_check(const KernelCall& call, unsigned long long* keys, unsigned long long* scratch,
-                               int64_t limit) {
+                               int64_t limit, int64_t* positions = nullptr) {
   const char* op = call.op().name().c_str();
   const TensorView& index = call.tensor("index");
   const int64_t n = index.shape[0];
@@ -46,11 +49,11 @@ inline void launch_index_check(const KernelCall& call, unsigned long long* keys,
          "(): cannot run inside a CUDA graph capture: its index check waits for the device");
   cuda::check_cuda(op, cudaMemsetAsync(scratch, 0xff, sizeof(unsigned long long), stream), "cudaMemsetAsync");
   if (index.dtype == DType::int32)
-    read_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(keys, scratch, index.data_as<const int32_t>(),
-                                                                       index.strides[0], n, limit);
+    read_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(
+        keys, positions, scratch, index.data_as<const int32_t>(), index.strides[0], n, limit);
   else
-    read_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(keys, scratch, index.data_as<const int64_t>(),
-                                                                       index.strides[0], n, limit);
+    read_kernel<<<cuda::blocks_for(n, kThreads), kThreads, 0, stream>>>(
+        keys, positions, scratch, index.data_as<const int64_t>(), index.strides[0], n, limit);
   cuda::check_launch(op);
 }
 
