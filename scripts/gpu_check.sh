@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The GPU verification, run on a GPU machine (the H100/H200 test machine: no network, one
 # 10-minute command): builds opforge with its CUDA kernels, runs the GPU tests, the GPU
-# benchmark and a profile of its slowest ops, compute-sanitizer (memcheck, racecheck) over a
-# focused GPU subset, the forge device's tests in a process of their own, the whole test suite
-# with the GPU present (in parallel with pytest-xdist where it is installed) and the torch adapter
-# built elsewhere (stable ABI), in that order (what the issue asks for first: a session has 15
-# minutes of device time, start-up included), each step with the time the earlier ones left. Every
-# step is logged; a failing step does not stop the later ones; the exit status is 1 if any step
-# failed. From the repository root:
+# benchmark, a profile of its slowest ops and their hardware counters, compute-sanitizer
+# (memcheck, racecheck) over a focused GPU subset, the forge device's tests in a process of their
+# own, the whole test suite with the GPU present (in parallel with pytest-xdist where it is
+# installed) and the torch adapter built elsewhere (stable ABI), in that order (what the issue
+# asks for first: a session has 15 minutes of device time, start-up included), each step with the
+# time the earlier ones left. Every step is logged; a failing step does not stop the later ones;
+# the exit status is 1 if any step failed. From the repository root:
 #
 #   bash scripts/gpu_check.sh                       # on the GPU machine
 #   bash scripts/gpu_check.sh --bundle-deps DIR     # on a dev machine: Highway + DLPack headers
@@ -23,9 +23,11 @@
 # racecheck 12 s (265 s for the first call below, start-up 32 s more); forge past 89 s (85 of its
 # 86 tests), the suite past 240 s (14683 of 14867), the stable-ABI check 82 s. A session's 900 s of
 # device time (start-up included) holds two calls on one warm machine (it goes back after 30 s
-# idle: send the second at once), the second without building again (timeout_s 560):
-#   GPU_CHECK_STEPS=build,test_cuda,bench,profile,memcheck,racecheck bash scripts/gpu_check.sh
-#   GPU_CHECK_BUDGET_S=530 GPU_CHECK_STEPS=forge,suite,stable_abi_foreign_binary bash scripts/gpu_check.sh
+# idle: send the second at once), the second without building again. profile and ncu (new since
+# that run, untimed: caps 60 s and 120 s) push the first call past 265 s, so the second gets what
+# is left (about 900 - 32 - the first's time - 30 s of margin), stable_abi_foreign_binary last:
+#   GPU_CHECK_STEPS=build,test_cuda,bench,profile,ncu,memcheck,racecheck bash scripts/gpu_check.sh
+#   GPU_CHECK_BUDGET_S=450 GPU_CHECK_STEPS=forge,suite,stable_abi_foreign_binary bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -176,8 +178,11 @@ step test_cuda 150 "${pytest_parallel[@]}" -rfEs tests/python/test_cuda.py
 # --- the benchmark (its tables are written as it goes; the issue's ops first) -----------------------
 bench_budget=${GPU_CHECK_BENCH_S:-120}
 step bench $((bench_budget + 60)) "$PY" bench/bench_gpu.py --mib 256 --repeats 30 --out "$RESULTS" --budget-s "$bench_budget"
-# Where the slowest ops' time goes (kernels vs the host), into $RESULTS/profile_cuda.txt.
+# Where the slowest ops' time goes (kernels vs the host), into $RESULTS/profile_cuda.txt, and the
+# hardware counters of their kernels and of torch.compile's norms (Nsight Compute, where it can
+# read them), into $RESULTS/ncu_kernels.csv.
 step profile 60 "$PY" bench/profile_gpu.py --out "$RESULTS"
+step ncu 120 "$PY" bench/ncu_kernels.py --out "$RESULTS"
 
 # --- compute-sanitizer over small GPU cases (every kernel, float32; the tiling edges of matmul_q) --
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)

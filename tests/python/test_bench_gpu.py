@@ -91,3 +91,22 @@ def test_the_profile_names_every_case(tmp_path):
     for case in ("scatter_add", "quantize_q8_0", "matmul_q q4_0 1x", "matmul_q q8_0 512x"):
         line = next((l for l in text.splitlines() if l.startswith(case)), None)
         assert line and "wall" in line and "kernels" in line, (case, text)
+
+
+def test_the_counters_script_runs_its_workloads_and_reads_ncu_tables():
+    """bench/ncu_kernels.py (the gpu_check step that reads hardware counters): its profiled program
+    runs every workload (here on the CPU), and its reader takes ncu's raw CSV apart, skipping the
+    units row and the profiler's own lines."""
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "ncu_kernels.py"), "--run", "--dry-run"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for label in ("opforge rms_norm", "torch.compile layer_norm", "opforge scatter_add", "matmul_q q8_0 m=512"):
+        assert f"ran {label}" in proc.stdout or f"ran opforge {label}" in proc.stdout, (label, proc.stdout)
+    spec = importlib.util.spec_from_file_location("ncu_kernels", ROOT / "bench" / "ncu_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    raw = ('==PROF== Connected to process 1\n"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum"\n'
+           '"","","nsecond","byte"\n"0","rows_kernel<float>","98,304","268,435,456"\n==PROF== Disconnected\n')
+    (rows,) = module.table(raw)
+    assert rows[1] == "rows_kernel<float>" and rows[2]["gpu__time_duration.sum"] == "98,304", rows
