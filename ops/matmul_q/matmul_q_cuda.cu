@@ -124,7 +124,8 @@ struct WeightRuns {
     for (int i = 0; i < kPerThread; ++i) {
       const int e = t + i * kGroup;
       if (has(e, c0, n, kb))  // the last piece ends within the row: rows end on a piece
-        r[i] = reinterpret_cast<const int4*>(w.data + (c0 + e / kPieces) * w.row_stride + b0 * kBlockBytes)[e % kPieces];
+        r[i] = reinterpret_cast<const int4*>(w.data + (c0 + e / kPieces) * w.row_stride +
+                                             b0 * kBlockBytes)[e % kPieces];
     }
   }
   __device__ __forceinline__ static void store(int4* runs, const int4 (&r)[kPerThread], int64_t c0, int64_t n, int kb,
@@ -367,7 +368,9 @@ __global__ void __launch_bounds__(kMmaThreads, 5)  // 5 tiles per SM: as many as
         const int col = e / kMmaChunk, b = e % kMmaChunk;
         int32_t wq[kWords<F>] = {};
         const bool in = c0 + col < n && b < kb;
-        wd[col][b] = !in ? 0.0 : w.spans ? Runs::block(runs, col, b, wq) : load_weight_block<F>(w, c0 + col, b0 + b, wq);
+        wd[col][b] = !in      ? 0.0
+                     : w.spans ? Runs::block(runs, col, b, wq)
+                               : load_weight_block<F>(w, c0 + col, b0 + b, wq);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           uint32_t v = static_cast<uint32_t>(wq[i % kWords<F>]);
@@ -441,7 +444,8 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 3)
       if (w.spans) {
         Runs::store(run, next, c, n, count, lane);
         __syncwarp();
-        if (b0 + 32 < nb) Runs::load(next, w, c, n, b0 + 32, static_cast<int>(nb - b0 - 32 < 32 ? nb - b0 - 32 : 32), lane);
+        if (b0 + 32 < nb)
+          Runs::load(next, w, c, n, b0 + 32, static_cast<int>(nb - b0 - 32 < 32 ? nb - b0 - 32 : 32), lane);
         if (lane < count) dw = Runs::block(run, 0, lane, wq);
         __syncwarp();  // every lane has its block before the next run is stored
       } else if (lane < count) {

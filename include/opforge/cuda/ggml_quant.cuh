@@ -1,6 +1,6 @@
 // ggml's Q8_0 / Q4_0 block quantization on CUDA, a team of lanes per 32-value block (lane j of
-// the team holds one 16-byte piece of it), byte-identical to the CPU kernels (cpu/ggml_quant-inl.h) and so to ggml's
-// reference quantizer. The same exactness rules as there:
+// the team holds its j-th 16-byte piece), byte-identical to the CPU kernels (cpu/ggml_quant-inl.h)
+// and so to ggml's reference quantizer. The same exactness rules as there:
 // - the absolute maximum is a max over the float bits with the sign cleared (magnitude order
 //   for non-NaN floats), so it is exact and order-free;
 // - every float operation is an explicit round-to-nearest intrinsic (__fmul_rn, __fadd_rn,
@@ -26,8 +26,9 @@ __device__ __forceinline__ float half_value(uint16_t bits) { return __half2float
 
 // A block's 32 values spread over a team of lanes, 16 bytes each (one vector load): 4 float32
 // values on 8 lanes, 8 half values on 4 lanes; a warp quantizes 4 or 8 blocks per instruction.
-// (One warp per block, a lane per value, spent ~45 warp instructions on each 128 bytes and kept
-// 16 bytes per thread in flight: 28-31% of the H200's copy bandwidth.)
+// (One warp per block, a lane per value, kept 16 bytes per thread in flight and issued every
+// instruction for a single block, by an estimate ~45 warp instructions per 128 bytes: 28-31% of
+// the H200's copy bandwidth.)
 template <typename T> inline constexpr int kTeamValues = 16 / static_cast<int>(sizeof(T));
 template <typename T> inline constexpr int kTeamLanes = static_cast<int>(quant::kBlock) / kTeamValues<T>;
 
@@ -82,6 +83,7 @@ __device__ __forceinline__ float quantize_team_q8_0(const float (&x)[E], int8_t 
 // largest magnitude in block order (+0 for an all-zero block, so d = -0 as in ggml).
 template <int L, int E>
 __device__ __forceinline__ float quantize_team_q4_0(const float (&x)[E], uint8_t (&q)[E]) {
+  static_assert(L < 32, "a team is part of a warp (its ballot bits are shifted out below)");
   uint32_t bits[E], amax = 0;
 #pragma unroll
   for (int e = 0; e < E; ++e) amax = max(amax, bits[e] = __float_as_uint(x[e]) & 0x7fffffffu);
@@ -91,8 +93,12 @@ __device__ __forceinline__ float quantize_team_q4_0(const float (&x)[E], uint8_t
   bool mine = false;
   float at = 0.0f;
 #pragma unroll
-  for (int e = E - 1; e >= 0; --e)
-    if (bits[e] == amax) mine = true, at = x[e];
+  for (int e = E - 1; e >= 0; --e) {
+    if (bits[e] == amax) {
+      mine = true;
+      at = x[e];
+    }
+  }
   const int lane = threadIdx.x % 32, team_first_lane = lane & ~(L - 1);
   const uint32_t holders = (__ballot_sync(kFullMask, mine) >> team_first_lane) & ((1u << L) - 1);  // never 0
   const float first = __shfl_sync(kFullMask, at, __ffs(static_cast<int>(holders)) - 1, L);
@@ -244,12 +250,11 @@ void launch_quantize(const KernelCall& call, const char* op) {
   if (blocks == 0) return;  // k == 0: the result is empty too
   const BlockWalk walk = block_walk(op, x);
   const GgmlBlocks<F> sink{call.output().data_as<uint8_t>()};
+  const cudaStream_t stream = stream_of(call);
   switch (x.dtype) {
-    case DType::float32: launch_quantize_blocks<F>(sink, x.data_as<const float>(), walk, blocks, stream_of(call)); break;
-    case DType::float16: launch_quantize_blocks<F>(sink, x.data_as<const __half>(), walk, blocks, stream_of(call)); break;
-    case DType::bfloat16:
-      launch_quantize_blocks<F>(sink, x.data_as<const __nv_bfloat16>(), walk, blocks, stream_of(call));
-      break;
+    case DType::float32: launch_quantize_blocks<F>(sink, x.data_as<const float>(), walk, blocks, stream); break;
+    case DType::float16: launch_quantize_blocks<F>(sink, x.data_as<const __half>(), walk, blocks, stream); break;
+    case DType::bfloat16: launch_quantize_blocks<F>(sink, x.data_as<const __nv_bfloat16>(), walk, blocks, stream); break;
     default: fail(ErrorKind::not_implemented, op, "(): cuda kernel has no ", dtype_name(x.dtype), " variant");
   }
   check_launch(op);
