@@ -1,5 +1,5 @@
-// quantize_q8_0 on CUDA: one warp per 32-value block (opforge/cuda/ggml_quant.cuh), the same
-// bytes as the CPU kernel and ggml's reference quantizer.
+// quantize_q8_0 on CUDA: a team of 4 or 8 lanes per 32-value block (opforge/cuda/ggml_quant.cuh),
+// the same bytes as the CPU kernel and ggml's reference quantizer.
 #include "opforge/cuda/ggml_quant.cuh"
 #include "opforge/registry.h"
 
