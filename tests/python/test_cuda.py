@@ -473,8 +473,14 @@ def test_quantized_ops_on_strided_inputs(dtype, rng):
     x = base.to(DEVICE)[1::2, ::3]  # rows 1, 3, 5; every third element: inner stride 3
     assert not x.is_contiguous() and x.shape == (3, 96)
     xt = base.to(DEVICE).t().contiguous().t()  # column-major
+    # Contiguous but one element past a 16-byte boundary: the quantizers' element loads, not vectors.
+    flat = torch.zeros(base.numel() + 1, dtype=base.dtype, device=DEVICE)
+    flat[1:] = base.reshape(-1).to(DEVICE)
+    shifted = flat[1:].view(base.shape)
+    assert shifted.is_contiguous() and shifted.data_ptr() % 16 != 0
     for fmt in ("q8_0", "q4_0"):
         quantize = getattr(opforge, f"quantize_{fmt}")
+        assert torch.equal(quantize(shifted).cpu(), quantize(base))
         for view in (x, xt):
             assert torch.equal(quantize(view).cpu(), quantize(view.cpu()))
         w = quant_weights(rng, 10, 96, fmt)
