@@ -5,7 +5,8 @@
 // in double, so the only roundings are the ordered additions, and those are done in the same
 // order here: every output has one owner thread that adds its terms block by block.
 //
-// Two launches on the caller's stream, with a stream-ordered workspace between them:
+// Two launches on the caller's stream, with a stream-ordered workspace between them (one row of x,
+// up to k = 8192: one launch, the gemv quantizing the row itself into shared memory):
 //   quantize_x: quantize_q8_0's kernel (a team of lanes per (row, block) of x) writing int8 quants
 //               (4 per word), the fp16-rounded scale and the sum of the quants (Q4_0 takes its -8
 //               offset out of the dot product).
@@ -419,23 +420,56 @@ __global__ void __launch_bounds__(kMmaThreads, 5)  // 5 tiles per SM: as many as
 
 constexpr int kGemvRows = 8;
 
-// R: the most rows a launch has (1: one token, its own instantiation in fewer registers).
-template <quant::Format F, typename T, int R>
-// One row: 4 blocks per SM (64 registers, no spills) run 4096 columns (warps) in one wave on 132
-// SMs; more rows need more registers (3 blocks, 85 at most).
+// One row of x quantized inside the gemv, for rows of at most kFusedBlocks blocks (k <= 8192): a
+// token's product is then one launch and no workspace. Every thread block quantizes the row for
+// itself (k values read from L2; 128 blocks of 32 at k = 4096 for its 256 threads), its warps' first
+// weight runs already loading.
+constexpr int kFusedBlocks = 256;
+
+// The row of x a fused gemv quantizes (as quantize_blocks reads x).
+template <typename T>
+struct RowOfX {
+  const T* x;
+  cuda::BlockWalk walk;
+  bool packed;
+};
+
+// R: the most rows a launch has (1: one token, its own instantiation in fewer registers); kFused:
+// R == 1 and x quantized here (xq then points to shared memory). One row runs 4 blocks per SM (64
+// registers, no spills): 4096 columns (warps) in one wave on 132 SMs; more rows need more registers
+// (3 blocks, 85 at most).
+template <quant::Format F, typename T, int R, bool kFused>
 __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 3)
-    gemv_kernel(T* y, QuantizedX xq, WeightView w, int rows, int64_t n, int64_t nb) {
+    gemv_kernel(T* y, QuantizedX xq, RowOfX<T> row, WeightView w, int rows, int64_t n, int64_t nb) {
+  static_assert(!kFused || R == 1, "the fused quantization holds one row");
   using Runs = WeightRuns<F, 32, 1, 32>;  // a warp's 32 blocks of its weight row
   __shared__ __align__(16) int4 runs[kThreads / 32][Runs::kPieces];
+  __shared__ __align__(16) int32_t fused_q[kFused ? kFusedBlocks * 8 : 1];
+  __shared__ float fused_d[kFused ? kFusedBlocks : 1];
+  __shared__ int32_t fused_sum[kFused ? kFusedBlocks : 1];
   int4* run = runs[threadIdx.x / 32];
   const int lane = threadIdx.x % 32;
-  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
-  for (int64_t c = (blockIdx.x * int64_t(kThreads) + threadIdx.x) / 32; c < n; c += warps) {  // warp-uniform
+  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32), first = (blockIdx.x * int64_t(kThreads) + threadIdx.x) / 32;
+  int4 next[Runs::kPerThread];  // the next run's pieces, loading while the current one computes
+  bool loaded = false;          // next holds the first run of this warp's first column
+  if constexpr (kFused) {
+    if (w.spans && first < n) {
+      Runs::load(next, w, first, n, 0, static_cast<int>(nb < 32 ? nb : 32), lane);
+      loaded = true;
+    }
+    xq = QuantizedX{fused_q, fused_d, fused_sum};
+    // One block a team at a time: with the weights' first run held in registers, more in flight
+    // spilled (2 or 4 blocks: 30-230 bytes); the first run is what keeps HBM busy meanwhile.
+    cuda::quantize_by_teams<quant::Format::q8_0, 1>(QuantizedXSink{xq}, row.x, row.walk, row.packed, nb, threadIdx.x,
+                                                    kThreads);
+    __syncthreads();  // the whole row is in shared memory
+  }
+  for (int64_t c = first; c < n; c += warps) {  // warp-uniform
     double acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0;
-    int4 next[Runs::kPerThread];  // the next run's pieces, loading while the current one computes
-    if (w.spans) Runs::load(next, w, c, n, 0, static_cast<int>(nb < 32 ? nb : 32), lane);
+    if (w.spans && !loaded) Runs::load(next, w, c, n, 0, static_cast<int>(nb < 32 ? nb : 32), lane);
+    loaded = false;
     for (int64_t b0 = 0; b0 < nb; b0 += 32) {
       const int64_t b = b0 + lane;
       const int count = static_cast<int>(nb - b0 < 32 ? nb - b0 : 32);
@@ -480,9 +514,11 @@ void run(const KernelCall& call) {
   cudaStream_t stream = cuda::stream_of(call);
   QuantizedX xq{nullptr, nullptr, nullptr};
   const cuda::BlockWalk walk = cuda::block_walk(op, x);
-  // The quantized activations (none for k == 0: the products are empty sums, 0).
-  const cuda::Scratch workspace(call, blocks * (quant::kBlock + 8));
-  if (blocks > 0) {
+  // One token's row is quantized inside the gemv (k > 0: else the products are empty sums, 0);
+  // otherwise the quantized activations go to a workspace first.
+  const bool fused = m == 1 && nb > 0 && nb <= kFusedBlocks;
+  const cuda::Scratch workspace(call, fused ? 0 : blocks * (quant::kBlock + 8));
+  if (blocks > 0 && !fused) {
     xq.q = workspace.as<int32_t>();
     xq.d = reinterpret_cast<float*>(workspace.as<char>() + blocks * quant::kBlock);
     xq.sum = reinterpret_cast<int32_t*>(xq.d + blocks);
@@ -495,21 +531,27 @@ void run(const KernelCall& call) {
   const dim3 grid(static_cast<unsigned>((n + kTileCols - 1) / kTileCols), cuda::grid_blocks(row_tiles, 65535));
   const auto launch = [&](auto tag) {
     using T = decltype(tag);
-    if (blocks > 0) {
+    if (blocks > 0 && !fused) {
       cuda::launch_quantize_blocks<quant::Format::q8_0>(QuantizedXSink{xq}, x.data_as<const T>(), walk, blocks, stream);
       cuda::check_launch(op);
     }
     if (m <= kGemvRows) {
       const unsigned gemv_grid = cuda::blocks_for(n * 32, kThreads);
       T* y = out.data_as<T>();
-      if (format == quant::Format::q8_0 && m == 1)
-        gemv_kernel<quant::Format::q8_0, T, 1><<<gemv_grid, kThreads, 0, stream>>>(y, xq, wv, 1, n, nb);
-      else if (format == quant::Format::q8_0)
-        gemv_kernel<quant::Format::q8_0, T, kGemvRows><<<gemv_grid, kThreads, 0, stream>>>(y, xq, wv, int(m), n, nb);
+      const RowOfX<T> row{x.data_as<const T>(), walk, walk.contiguous && cuda::aligned16(x.data)};
+      constexpr auto q8 = quant::Format::q8_0, q4 = quant::Format::q4_0;
+      if (fused && format == q8)
+        gemv_kernel<q8, T, 1, true><<<gemv_grid, kThreads, 0, stream>>>(y, xq, row, wv, 1, n, nb);
+      else if (fused)
+        gemv_kernel<q4, T, 1, true><<<gemv_grid, kThreads, 0, stream>>>(y, xq, row, wv, 1, n, nb);
+      else if (m == 1 && format == q8)
+        gemv_kernel<q8, T, 1, false><<<gemv_grid, kThreads, 0, stream>>>(y, xq, row, wv, 1, n, nb);
       else if (m == 1)
-        gemv_kernel<quant::Format::q4_0, T, 1><<<gemv_grid, kThreads, 0, stream>>>(y, xq, wv, 1, n, nb);
+        gemv_kernel<q4, T, 1, false><<<gemv_grid, kThreads, 0, stream>>>(y, xq, row, wv, 1, n, nb);
+      else if (format == q8)
+        gemv_kernel<q8, T, kGemvRows, false><<<gemv_grid, kThreads, 0, stream>>>(y, xq, row, wv, int(m), n, nb);
       else
-        gemv_kernel<quant::Format::q4_0, T, kGemvRows><<<gemv_grid, kThreads, 0, stream>>>(y, xq, wv, int(m), n, nb);
+        gemv_kernel<q4, T, kGemvRows, false><<<gemv_grid, kThreads, 0, stream>>>(y, xq, row, wv, int(m), n, nb);
     } else if (m >= kMmaRowsFrom) {
       const dim3 mma_grid(static_cast<unsigned>((n + kMmaTileCols - 1) / kMmaTileCols),
                           cuda::grid_blocks((m + kMmaTileRows - 1) / kMmaTileRows, 65535));

@@ -198,15 +198,17 @@ Case dequantize() {
 
 Case matmul_q() {
   // m <= 8 takes the warp-per-column kernel (35 blocks: a second, partial chunk of 32; with rows of
-  // a multiple of 8 blocks, contiguous weights load as 16-byte pieces: 72 and 8 blocks), m = 9 to 63
-  // the lane-per-row tiles of 32 rows x 16 columns (37 x 19 blocks x 21: a second, partial tile each
+  // a multiple of 8 blocks, contiguous weights load as 16-byte pieces: 72 and 8 blocks; one row of
+  // up to 256 blocks quantized inside it (40 columns: warps with a second one when the grid is cut
+  // to 3 blocks), 257 blocks by the quantizer first), m = 9 to 63 the lane-per-row tiles of 32
+  // rows x 16 columns (37 x 19 blocks x 21: a second, partial tile each
   // way and a second, partial chunk of 16 blocks; 40 blocks in pieces), m >= 64 the tensor-core
   // tiles of 64 rows x 32 columns (70 x 10 blocks x 37: a second, partial tile each way and a
   // partial chunk of 8 blocks; 16 blocks in pieces)
   const std::vector<Product> shapes = {{{0, 32}, 3}, {{1, 32}, 1},   {{5, 64}, 7},    {{9, 96}, 33},
                                        {{2, 3, 64}, 5}, {{3, 1120}, 9}, {{8, 64}, 4}, {{37, 608}, 21},
-                                       {{70, 320}, 37}, {{3, 2304}, 9}, {{1, 256}, 3},
-                                       {{37, 1280}, 21}, {{70, 512}, 37}};
+                                       {{70, 320}, 37}, {{3, 2304}, 9}, {{1, 256}, 40},
+                                       {{37, 1280}, 21}, {{70, 512}, 37}, {{1, 8224}, 3}};
   return {int(shapes.size()) * 2, [=](DType d, int s, Layout l, std::mt19937& rng) {
             const Product& p = shapes[s / 2];
             const std::string format = s % 2 ? "q4_0" : "q8_0";

@@ -450,11 +450,12 @@ def test_bad_inputs_raise_typed_errors(call, error, message):
 # column, 32 blocks at a time; 9 to 63 rows in tiles of 32 rows x 16 columns, 16 blocks at a time;
 # from 64 rows the tensor-core tiles of 64 rows x 32 columns, 8 blocks at a time (and partial ones
 # of each), row tiles past gridDim.y's 65535; strides. Rows of a multiple of 8 blocks (k a multiple
-# of 256) load the weights as 16-byte pieces through shared memory; the others block by block.
+# of 256) load the weights as 16-byte pieces through shared memory; the others block by block. One
+# row of up to 256 blocks is quantized inside the gemv, a longer one by the quantizer first.
 
 MATMUL_SHAPES = [pytest.param(m, k, n, id=f"m{m}-k{k}-n{n}") for m, k, n in
                  [(1, 4096, 33), (32, 4096, 17), (9, 544, 100), (70, 64, 5), (3, 1056, 9), (8, 1056, 40),
-                  (4, 1024, 40), (96, 512, 40),
+                  (4, 1024, 40), (96, 512, 40), (1, 8224, 5),
                   (37, 608, 21), (130, 352, 70), (512, 4096, 96), (32 * 65535 + 9, 32, 3)]]
 
 

@@ -147,15 +147,15 @@ inline constexpr int kBlocksInFlight = 4;
 // and calls sink(g, member, valid, q, d): member the lane's place in the team (it holds values
 // member * E .. + E - 1), q those values' quants, d the block's unrounded scale. Every lane calls
 // the sink (a sink may shuffle); `valid` is false past the last block. `packed`: x contiguous and
-// 16-byte aligned, so a lane's values are one vector load. Teams take blocks in a grid-stride
-// loop, kBlocksInFlight at a time, the warp's teams on consecutive blocks (one 512-byte load).
-template <quant::Format F, typename T, class Sink>
-__global__ void __launch_bounds__(256)  // 62-80 registers: 3 or 4 blocks per SM, 48-64 KB in flight
-    quantize_blocks(Sink sink, const T* x, BlockWalk walk, bool packed, int64_t blocks) {
-  constexpr int E = kTeamValues<T>, L = kTeamLanes<T>, U = kBlocksInFlight;
-  const int member = threadIdx.x % L;
-  const int64_t thread = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  const int64_t teams = int64_t(gridDim.x) * blockDim.x / L, team = thread / L;
+// 16-byte aligned, so a lane's values are one vector load. The calling threads (`thread` of
+// `threads`, whole warps: a grid, or one thread block) take blocks in teams, U at a time, the
+// warp's teams on consecutive blocks (one 512-byte load).
+template <quant::Format F, int U = kBlocksInFlight, typename T, class Sink>
+__device__ __forceinline__ void quantize_by_teams(const Sink& sink, const T* x, const BlockWalk& walk, bool packed,
+                                                  int64_t blocks, int64_t thread, int64_t threads) {
+  constexpr int E = kTeamValues<T>, L = kTeamLanes<T>;
+  const int member = static_cast<int>(thread % L);
+  const int64_t teams = threads / L, team = thread / L;
   const int64_t warp_team = thread / 32 * (32 / L);  // the warp's first team: its loop is the warp's
   for (int64_t base = 0; warp_team + base < blocks; base += teams * U) {
     Pack<T> v[U];
@@ -190,6 +190,14 @@ __global__ void __launch_bounds__(256)  // 62-80 registers: 3 or 4 blocks per SM
       }
     }
   }
+}
+
+// quantize_by_teams over the whole grid.
+template <quant::Format F, typename T, class Sink>
+__global__ void __launch_bounds__(256)  // 62-80 registers: 3 or 4 blocks per SM, 48-64 KB in flight
+    quantize_blocks(Sink sink, const T* x, BlockWalk walk, bool packed, int64_t blocks) {
+  quantize_by_teams<F>(sink, x, walk, packed, blocks, blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
+                       int64_t(gridDim.x) * blockDim.x);
 }
 
 // Launches quantize_blocks over x's blocks (blocks > 0) on `stream`.
