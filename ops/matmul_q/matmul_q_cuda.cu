@@ -102,6 +102,11 @@ __device__ __forceinline__ double load_weight_block(const WeightView& w, int64_t
   return static_cast<double>(cuda::half_value(static_cast<uint16_t>(block[0] | (block[w.inner] << 8))));
 }
 
+// The blocks of a kernel's chunk (or run) of `most` blocks from block b0: fewer at the row's end.
+__device__ __forceinline__ int blocks_from(int64_t nb, int64_t b0, int most) {
+  return static_cast<int>(nb - b0 < most ? nb - b0 : most);
+}
+
 // Runs of kRun consecutive blocks (from a multiple of kRun) of kCols weight rows, copied by a group
 // of kGroup threads into shared memory as 16-byte pieces (WeightView::spans), then read a block at
 // a time. A thread loading a whole 34-byte (18-byte) block itself, in 16-bit words, made each load
@@ -119,14 +124,17 @@ struct WeightRuns {
   __device__ __forceinline__ static bool has(int e, int64_t c0, int64_t n, int kb) {
     return e < kAll && c0 + e / kPieces < n && e % kPieces < (kb * kBlockBytes + 15) / 16;
   }
+  // Where piece e is in global memory (16-byte aligned: WeightView::spans, b0 a multiple of kRun).
+  __device__ __forceinline__ static const int4* piece(const WeightView& w, int64_t c0, int64_t b0, int e) {
+    return reinterpret_cast<const int4*>(w.data + (c0 + e / kPieces) * w.row_stride + b0 * kBlockBytes) +
+           e % kPieces;
+  }
   __device__ __forceinline__ static void load(int4 (&r)[kPerThread], const WeightView& w, int64_t c0, int64_t n,
                                               int64_t b0, int kb, int t) {
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int e = t + i * kGroup;
-      if (has(e, c0, n, kb))  // the last piece ends within the row: rows end on a piece
-        r[i] = reinterpret_cast<const int4*>(w.data + (c0 + e / kPieces) * w.row_stride +
-                                             b0 * kBlockBytes)[e % kPieces];
+      if (has(e, c0, n, kb)) r[i] = *piece(w, c0, b0, e);  // the last piece ends within the row: rows end on one
     }
   }
   __device__ __forceinline__ static void store(int4* runs, const int4 (&r)[kPerThread], int64_t c0, int64_t n, int kb,
@@ -139,8 +147,7 @@ struct WeightRuns {
   __device__ __forceinline__ static void copy_async(int4* runs, const WeightView& w, int64_t c0, int64_t n, int64_t b0,
                                                     int kb, int t) {
     for (int e = t; e < kAll; e += kGroup)
-      if (has(e, c0, n, kb))
-        cuda::copy16_async(runs + e, w.data + (c0 + e / kPieces) * w.row_stride + b0 * kBlockBytes + e % kPieces * 16);
+      if (has(e, c0, n, kb)) cuda::copy16_async(runs + e, piece(w, c0, b0, e));
   }
   // Block j of row `col`'s staged run: its quants into wq, its scale returned. A block starts at an
   // even byte, so its quant words are the aligned words there shifted by 0 or 16 bits.
@@ -264,9 +271,9 @@ __global__ void __launch_bounds__(kThreads, 2)  // two tiles per SM: one loads w
   for (int64_t r0 = int64_t(blockIdx.y) * kTileRows; r0 < m; r0 += int64_t(gridDim.y) * kTileRows) {
     double acc[kWarpCols] = {};
     Share next;
-    next.load(xq, w, r0, m, c0, n, nb, 0, static_cast<int>(nb < kTileChunk ? nb : kTileChunk));
+    next.load(xq, w, r0, m, c0, n, nb, 0, blocks_from(nb, 0, kTileChunk));
     for (int64_t b0 = 0; b0 < nb; b0 += kTileChunk) {
-      const int kb = static_cast<int>(nb - b0 < kTileChunk ? nb - b0 : kTileChunk);
+      const int kb = blocks_from(nb, b0, kTileChunk);
       __syncthreads();  // the previous chunk's reads of shared memory are done
 #pragma unroll
       for (int i = 0; i < Share::kWordsPerThread; ++i) {
@@ -293,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, 2)  // two tiles per SM: one loads w
       __syncthreads();
       if (b0 + kTileChunk < nb) {
         const int64_t b1 = b0 + kTileChunk;
-        next.load(xq, w, r0, m, c0, n, nb, b1, static_cast<int>(nb - b1 < kTileChunk ? nb - b1 : kTileChunk));
+        next.load(xq, w, r0, m, c0, n, nb, b1, blocks_from(nb, b1, kTileChunk));
       }
       for (int b = 0; b < kb; ++b) {
         const int4* xp = reinterpret_cast<const int4*>(xs + lane * kXStride + b * 8);
@@ -347,7 +354,7 @@ __global__ void __launch_bounds__(kMmaThreads, 5)  // 5 tiles per SM: as many as
   for (int64_t r0 = int64_t(blockIdx.y) * kMmaTileRows; r0 < m; r0 += int64_t(gridDim.y) * kMmaTileRows) {
     double acc[4][4] = {};  // [column tile][mma result register]
     for (int64_t b0 = 0; b0 < nb; b0 += kMmaChunk) {
-      const int kb = static_cast<int>(nb - b0 < kMmaChunk ? nb - b0 : kMmaChunk);
+      const int kb = blocks_from(nb, b0, kMmaChunk);
       __syncthreads();  // the previous chunk's reads of shared memory are done
       if (w.spans) Runs::copy_async(runs, w, c0, n, b0, kb, threadIdx.x);  // in flight while x's chunk loads
       for (int e = threadIdx.x; e < kMmaTileRows * kMmaChunk * 8; e += kMmaThreads) {
@@ -449,12 +456,13 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 3)
   __shared__ int32_t fused_sum[kFused ? kFusedBlocks : 1];
   int4* run = runs[threadIdx.x / 32];
   const int lane = threadIdx.x % 32;
-  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32), first = (blockIdx.x * int64_t(kThreads) + threadIdx.x) / 32;
+  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
+  const int64_t first = (blockIdx.x * int64_t(kThreads) + threadIdx.x) / 32;  // this warp's first column
   int4 next[Runs::kPerThread];  // the next run's pieces, loading while the current one computes
   bool loaded = false;          // next holds the first run of this warp's first column
   if constexpr (kFused) {
     if (w.spans && first < n) {
-      Runs::load(next, w, first, n, 0, static_cast<int>(nb < 32 ? nb : 32), lane);
+      Runs::load(next, w, first, n, 0, blocks_from(nb, 0, 32), lane);
       loaded = true;
     }
     xq = QuantizedX{fused_q, fused_d, fused_sum};
@@ -468,18 +476,17 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 3)
     double acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0;
-    if (w.spans && !loaded) Runs::load(next, w, c, n, 0, static_cast<int>(nb < 32 ? nb : 32), lane);
+    if (w.spans && !loaded) Runs::load(next, w, c, n, 0, blocks_from(nb, 0, 32), lane);
     loaded = false;
     for (int64_t b0 = 0; b0 < nb; b0 += 32) {
       const int64_t b = b0 + lane;
-      const int count = static_cast<int>(nb - b0 < 32 ? nb - b0 : 32);
+      const int count = blocks_from(nb, b0, 32);
       int32_t wq[kWords<F>] = {};
       double dw = 0.0;
       if (w.spans) {
         Runs::store(run, next, c, n, count, lane);
         __syncwarp();
-        if (b0 + 32 < nb)
-          Runs::load(next, w, c, n, b0 + 32, static_cast<int>(nb - b0 - 32 < 32 ? nb - b0 - 32 : 32), lane);
+        if (b0 + 32 < nb) Runs::load(next, w, c, n, b0 + 32, blocks_from(nb, b0 + 32, 32), lane);
         if (lane < count) dw = Runs::block(run, 0, lane, wq);
         __syncwarp();  // every lane has its block before the next run is stored
       } else if (lane < count) {
