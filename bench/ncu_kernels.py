@@ -1,6 +1,6 @@
 """Hardware counters (Nsight Compute) of the kernels behind the open questions in
-bench/results/ops_cuda.md: the norms beside torch.compile's kernels for them (2-5% behind),
-scatter_add (28% of the copy), matmul_q on one row and on a prompt, the quantizer. Per kernel:
+bench/results/ops_cuda.md: the norms beside torch.compile's kernels for them (2-5% behind), and
+bench/profile_gpu.py's cases (scatter_add at 28% of the copy, the quantizer, matmul_q). Per kernel:
 time, DRAM bytes and throughput, achieved occupancy, registers, and global-load sectors per
 request (16-byte pieces of whole lines: ~4; scattered 2-byte loads: far more).
 
@@ -39,14 +39,14 @@ METRICS = [
 
 
 def workloads(torch, opforge, device, small):
-    """(label, fn): one call each, on inputs made once."""
+    """(label, fn): one call each, on inputs made once: the norms beside torch.compile's, then
+    profile_gpu.py's cases."""
+    from profile_gpu import cases  # beside this script
+
     rng = np.random.default_rng(0)
-    rows, cols, n = (64, 256, 256) if small else (16384, 4096, 4096)
-
-    def tensor(*shape):
-        return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(device)
-
-    x, weight, bias = tensor(rows, cols), tensor(cols), tensor(cols)
+    rows, cols = (64, 256) if small else (16384, 4096)
+    x, weight, bias = (torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(device)
+                       for shape in ((rows, cols), (cols,), (cols,)))
     ops = torch.ops.opforge
     compiled_rms = torch.compile(lambda x, w: torch.nn.functional.rms_norm(x, (cols,), w, 1e-6), dynamic=False)
     compiled_ln = torch.compile(lambda x, w, b: torch.nn.functional.layer_norm(x, (cols,), w, b, 1e-5), dynamic=False)
@@ -54,13 +54,8 @@ def workloads(torch, opforge, device, small):
     yield "torch.compile rms_norm", lambda: compiled_rms(x, weight)
     yield "opforge layer_norm", lambda: ops.layer_norm(x, weight, bias, 1e-5)
     yield "torch.compile layer_norm", lambda: compiled_ln(x, weight, bias)
-    index = torch.from_numpy(rng.integers(0, 16, rows)).to(device)
-    yield "opforge scatter_add", lambda: ops.scatter_add(x, index, 16, 0)
-    yield "opforge quantize_q8_0", lambda: ops.quantize_q8_0(x)
-    w = torch.from_numpy(opforge.quantize_q8_0(rng.standard_normal((n, n), dtype=np.float32))).to(device)
-    for m in (1, 32, 512):
-        xm = tensor(m, n)
-        yield f"opforge matmul_q q8_0 m={m}", (lambda xm=xm: ops.matmul_q(xm, w, "q8_0"))
+    for label, fn in cases(torch, opforge, device, small):
+        yield f"opforge {label}", fn
 
 
 def run(dry_run):

@@ -1,6 +1,7 @@
 """Where a call's time goes on the GPU, for the ops furthest from the copy bandwidth in
 bench/results/ops_cuda.md: scatter_add (its index check waits for the device once per call) and
-matmul_q (two launches: one token, a prompt), the quantizers beside them.
+matmul_q (a token, a small batch, a prompt), the quantizer beside them. bench/ncu_kernels.py reads
+the hardware counters of the same cases.
 
 For each, torch.profiler's device time per kernel (averaged over the calls) beside the wall time
 per call with the GPU's queue drained after every call: a call whose wall time is far above the sum
@@ -33,7 +34,7 @@ def cases(torch, opforge, device, small):
     for fmt in ("q4_0", "q8_0"):
         w = getattr(opforge, f"quantize_{fmt}")(rng.standard_normal((n, n), dtype=np.float32))
         w = torch.from_numpy(w).to(device)
-        for m in (1, 512):
+        for m in (1, 32, 512):
             x = torch.from_numpy(rng.standard_normal((m, n), dtype=np.float32)).to(device)
             yield f"matmul_q {fmt} {m}x{n} @ {n}x{n}^T", (lambda x=x, w=w, fmt=fmt: torch.ops.opforge.matmul_q(x, w, fmt))
 
