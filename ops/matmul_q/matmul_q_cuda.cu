@@ -438,7 +438,6 @@ template <typename T>
 struct RowOfX {
   const T* x;
   cuda::BlockWalk walk;
-  bool packed;
 };
 
 // R: the most rows a launch has (1: one token, its own instantiation in fewer registers); kFused:
@@ -468,8 +467,8 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 3)
     xq = QuantizedX{fused_q, fused_d, fused_sum};
     // One block a team at a time: with the weights' first run held in registers, more in flight
     // spilled (2 or 4 blocks: 30-230 bytes); the first run is what keeps HBM busy meanwhile.
-    cuda::quantize_by_teams<quant::Format::q8_0, 1>(QuantizedXSink{xq}, row.x, row.walk, row.packed, nb, threadIdx.x,
-                                                    kThreads);
+    cuda::quantize_by_teams<quant::Format::q8_0, 1>(QuantizedXSink{xq}, row.x, row.walk, row.walk.packed, nb,
+                                                    threadIdx.x, kThreads);
     __syncthreads();  // the whole row is in shared memory
   }
   for (int64_t c = first; c < n; c += warps) {  // warp-uniform
@@ -545,7 +544,7 @@ void run(const KernelCall& call) {
     if (m <= kGemvRows) {
       const unsigned gemv_grid = cuda::blocks_for(n * 32, kThreads);
       T* y = out.data_as<T>();
-      const RowOfX<T> row{x.data_as<const T>(), walk, walk.contiguous && cuda::aligned16(x.data)};
+      const RowOfX<T> row{x.data_as<const T>(), walk};
       constexpr auto q8 = quant::Format::q8_0, q4 = quant::Format::q4_0;
       if (fused && format == q8)
         gemv_kernel<q8, T, 1, true><<<gemv_grid, kThreads, 0, stream>>>(y, xq, row, wv, 1, n, nb);

@@ -109,11 +109,12 @@ __device__ __forceinline__ float quantize_team_q4_0(const float (&x)[E], uint8_t
 }
 
 // Where block g of x ([..., k], any strides) starts: its row through the leading dims'
-// indexer, then b * 32 elements along the last dimension. Contiguous x skips the divisions.
+// indexer, then b * 32 elements along the last dimension. Contiguous x skips the divisions;
+// `packed` (contiguous and 16-byte aligned) also loads a lane's 16 bytes as one vector.
 struct BlockWalk {
   Indexer rows;
   int64_t inner = 1, nb = 1;
-  bool contiguous = true;
+  bool contiguous = true, packed = true;
 
   __device__ __forceinline__ int64_t offset(int64_t g) const {
     if (contiguous) return g * quant::kBlock;
@@ -128,6 +129,7 @@ inline BlockWalk block_walk(const char* op, const TensorView& x) {
   w.inner = x.stride(-1);
   w.nb = x.size(-1) / quant::kBlock;
   w.contiguous = x.is_contiguous();
+  w.packed = w.contiguous && aligned16(x.data);
   return w;
 }
 
@@ -146,8 +148,8 @@ inline constexpr int kBlocksInFlight = 4;
 // For every block g of x in [0, blocks), a team of kTeamLanes<T> lanes quantizes it to format F
 // and calls sink(g, member, valid, q, d): member the lane's place in the team (it holds values
 // member * E .. + E - 1), q those values' quants, d the block's unrounded scale. Every lane calls
-// the sink (a sink may shuffle); `valid` is false past the last block. `packed`: x contiguous and
-// 16-byte aligned, so a lane's values are one vector load. The calling threads (`thread` of
+// the sink (a sink may shuffle); `valid` is false past the last block. `packed`: walk.packed (a
+// parameter of its own: read from the walk in the loop, it cost a spill). The calling threads (`thread` of
 // `threads`, whole warps: a grid, or one thread block) take blocks in teams, U at a time, the
 // warp's teams on consecutive blocks (one 512-byte load).
 template <quant::Format F, int U = kBlocksInFlight, typename T, class Sink>
@@ -205,9 +207,8 @@ template <quant::Format F, typename T, class Sink>
 void launch_quantize_blocks(Sink sink, const T* x, const BlockWalk& walk, int64_t blocks, cudaStream_t stream) {
   constexpr int kThreads = 256;
   const int64_t teams = (blocks + kBlocksInFlight - 1) / kBlocksInFlight;
-  const bool packed = walk.contiguous && aligned16(x);
-  quantize_blocks<F, T, Sink><<<blocks_for(teams * kTeamLanes<T>, kThreads), kThreads, 0, stream>>>(sink, x, walk,
-                                                                                                    packed, blocks);
+  const unsigned grid = blocks_for(teams * kTeamLanes<T>, kThreads);
+  quantize_blocks<F, T, Sink><<<grid, kThreads, 0, stream>>>(sink, x, walk, walk.packed, blocks);
 }
 
 // Quants as little-endian words (byte e % 4 of word e / 4 is quant e).
