@@ -41,11 +41,11 @@ struct RowMoments {
 template <typename A>
 __device__ __forceinline__ RowMoments<A> row_moments(A ss, A d_sum, A gw_sum, A dot, A mu, int64_t n, double eps,
                                                      bool with_gx) {
-  ss = cuda::block_sum(ss);
-  const A correction = cuda::block_sum(d_sum) / A(n);
+  cuda::block_sum2(ss, d_sum);
+  const A correction = d_sum / A(n);
   if (with_gx) {
-    gw_sum = cuda::block_sum(gw_sum);
-    dot = cuda::block_sum(dot) - correction * gw_sum;
+    cuda::block_sum2(gw_sum, dot);
+    dot -= correction * gw_sum;
   }
   const A var = fmax(ss / A(n) - correction * correction, A(0));
   const A rstd = A(1) / sqrt(var + A(eps));

@@ -1,35 +1,8 @@
-// rms_norm on CUDA: one block per row (cuda/rows.cuh): a block-wide sum of squares, then the
-// scaled store. Contiguous aligned rows are read once into registers (CachedRow).
-#include <cmath>
-
-#include "opforge/cuda/rows.cuh"
+// rms_norm on CUDA: the kernels of rms_norm.cuh, cached rows where the layout allows.
+#include "ops/rms_norm/rms_norm.cuh"
 #include "opforge/registry.h"
 
 namespace opforge::rms_norm_cuda {
-
-constexpr int kThreads = 256;  // for strided rows
-
-template <typename T, class Row>
-__device__ __forceinline__ void normalize(T* out, const Row& row, const T* w, int64_t w_stride, int64_t n, double eps) {
-  using A = cuda::Acc<T>;
-  A sum = 0;
-  row.each([&](int64_t, A v) { sum += v * v; });
-  const A inv = A(1) / sqrt(cuda::block_sum(sum) / A(n) + A(eps));
-  row.store(out, cuda::Columns<T, 1>{{w}, {w_stride}}, [&](A v, const A* c) { return v * inv * c[0]; });
-}
-
-template <typename T>
-__global__ void strided_kernel(T* out, const T* x, cuda::Indexer rows_ix, int64_t col_stride, const T* w,
-                               int64_t w_stride, int64_t rows, int64_t n, double eps) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
-    normalize(out + r * n, cuda::StridedRow<T>{x + rows_ix.offset(r), col_stride, n}, w, w_stride, n, eps);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(cuda::kMaxRowThreads) cached_kernel(T* out, const T* x, const T* w, int64_t w_stride, int64_t rows, int64_t n, double eps) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
-    normalize(out + r * n, cuda::CachedRow<T>(x + r * n, n), w, w_stride, n, eps);
-}
 
 void run(const KernelCall& call) {
   const TensorView& x = call.tensor("x");

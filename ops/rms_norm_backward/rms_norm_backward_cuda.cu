@@ -46,9 +46,11 @@ __global__ void __launch_bounds__(kFusedThreads<T>)
       ss += xv * xv;
       if (gx) dot += gv * wv * xv;  // grad_x's only
     }, gr, wr);
-    const A inv = A(1) / sqrt(cuda::block_sum(ss) / A(n) + A(eps));
+    if (gx) cuda::block_sum2(ss, dot);
+    else ss = cuda::block_sum(ss);
+    const A inv = A(1) / sqrt(ss / A(n) + A(eps));
     if (gx) {
-      const A coef = inv * inv * (cuda::block_sum(dot) / A(n));
+      const A coef = inv * inv * (dot / A(n));
       gr.store_zip(gx + r * n, [&](int, int, A gv, A xv, A wv) { return inv * (gv * wv - xv * coef); }, xr, wr);
     }
     if (partial) gr.each_zip([&](int k, int e, A gv, A xv) { acc[k][e] += gv * xv * inv; }, xr);

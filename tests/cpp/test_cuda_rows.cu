@@ -31,6 +31,17 @@ TEST(CudaRows, ThreadsCoverTheRowInPacksOfFourPerThread) {
   EXPECT_EQ(cuda::cached_row_threads(view({2, 4096}, DType::float64), view({2, 4096}, DType::float64), 8), 512);
 }
 
+// Other packs per thread (the schedules bench/row_schedules.cu times): fewer threads per row.
+TEST(CudaRows, ThreadsForOtherPacksPerThread) {
+  EXPECT_EQ(cuda::row_threads(4096, 4, 2), 512);
+  EXPECT_EQ(cuda::row_threads(4096, 4, 8), 128);
+  EXPECT_EQ(cuda::row_threads(4096, 4, 16), 64);
+  EXPECT_EQ(cuda::row_threads(4096, 2, 16), 32);
+  EXPECT_EQ(cuda::row_threads(1000, 4, 8), 32);   // 250 packs: the last thread holds 2
+  EXPECT_EQ(cuda::row_threads(8192, 4, 2), 0);    // 1024 threads: over kMaxRowThreads
+  EXPECT_EQ(cuda::row_threads(8192, 4), cuda::kMaxRowThreads);
+}
+
 TEST(CudaRows, OtherRowsAreReadInPlace) {
   EXPECT_EQ(cuda::cached_row_threads(view({2, 8196}), view({2, 8196}), 4), 0);  // over kMaxRowThreads
   EXPECT_EQ(cuda::cached_row_threads(view({8, 4097}), view({8, 4097}), 4), 0);   // not whole packs

@@ -275,3 +275,6 @@ inline unsigned __dp4a(unsigned a, unsigned b, unsigned c) {
 }
 
 template <class T> T __ldg(const T* p) { return *p; }
+// Streaming (evict-first) loads and stores: cache hints only, plain accesses here.
+template <class T> T __ldcs(const T* p) { return *p; }
+template <class T> void __stcs(T* p, T v) { *p = v; }

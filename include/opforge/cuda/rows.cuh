@@ -1,12 +1,15 @@
 // Row kernels (norms, softmax: one block per row of the last dimension) over two kinds of row:
 // - CachedRow: a contiguous, 16-byte aligned row is read once, in 16-byte packs, into registers,
 //   and every pass of the kernel (max, sums, the store) works on those: the row crosses HBM once
-//   and each thread keeps kRowPacks loads in flight (what HBM needs to run at full speed);
+//   and each thread keeps kRowPacks loads in flight (what HBM needs to run at full speed). The
+//   packs per thread and the kind of load and store are template parameters, so that
+//   bench/row_schedules.cu can time other choices of the same kernels beside the ops' own;
 // - StridedRow: any other row, read in place on every pass (the first kernels' way).
 // A kernel body written once against row.each / row.store runs on either.
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 #include <initializer_list>
 
 #include "opforge/cuda/common.cuh"
@@ -14,6 +17,47 @@
 namespace opforge::cuda {
 
 inline constexpr int kRowPacks = 4;  // packs per thread in a CachedRow
+
+// How a CachedRow reads its row and writes its result: plain 16-byte loads and stores, the ops'
+// choice; or streaming ones (ld.global.cs / st.global.cs: evict-first in L1 and L2, for data
+// touched once), one of the choices bench/row_schedules.cu times against it.
+struct PlainAccess {
+  template <class P> __device__ __forceinline__ static P load(const P* p) { return *p; }
+  template <class P> __device__ __forceinline__ static void store(P* p, const P& v) { *p = v; }
+};
+// Plain loads and stores, each store a barrier to the compiler's reordering (asm volatile with a
+// "memory" clobber): the loads after it (the next pack's weights) are not hoisted above it, so
+// fewer values are live at once. StreamingAccess's stores are such barriers too; this is that
+// register count without its cache hint (ptxas, sm_90: float32 layer_norm 52 registers plain,
+// 39 streaming), so the two effects can be timed apart.
+struct OrderedAccess {
+  template <class P> __device__ __forceinline__ static P load(const P* p) { return *p; }
+  template <class P> __device__ __forceinline__ static void store(P* p, const P& v) {
+    static_assert(sizeof(P) == 16);
+#ifndef CUDA_EMU_ARCH
+    unsigned w[4];
+    memcpy(w, &v, sizeof(w));
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                 : "memory");
+#else
+    *p = v;
+#endif
+  }
+};
+struct StreamingAccess {
+  template <class P> __device__ __forceinline__ static P load(const P* p) {
+    static_assert(sizeof(P) == sizeof(int4));
+    const int4 bits = __ldcs(reinterpret_cast<const int4*>(p));
+    P v;
+    memcpy(&v, &bits, sizeof(v));
+    return v;
+  }
+  template <class P> __device__ __forceinline__ static void store(P* p, const P& v) {
+    int4 bits;
+    memcpy(&bits, &v, sizeof(bits));
+    __stcs(reinterpret_cast<int4*>(p), bits);
+  }
+};
 
 // v reduced over the block with op (blockDim.x a multiple of 32), the same value in every
 // thread: warp shuffles, then the warps' results in a fixed order.
@@ -27,6 +71,29 @@ __device__ __forceinline__ A block_reduce(A v, Op op) {
   v = warp_results[0];
   for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) v = op(v, warp_results[w]);
   return v;
+}
+
+// a and b each summed over the block, as block_sum sums them (the same order: the same bits),
+// with one exchange through shared memory for both instead of one each.
+template <typename A>
+__device__ __forceinline__ void block_sum2(A& a, A& b) {
+  __shared__ A warp_results[32][2];
+  for (int o = 16; o > 0; o >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    b += __shfl_xor_sync(0xffffffffu, b, o);
+  }
+  __syncthreads();  // the previous call's reads are done
+  if (threadIdx.x % 32 == 0) {
+    warp_results[threadIdx.x / 32][0] = a;
+    warp_results[threadIdx.x / 32][1] = b;
+  }
+  __syncthreads();
+  a = warp_results[0][0];
+  b = warp_results[0][1];
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) {
+    a += warp_results[w][0];
+    b += warp_results[w][1];
+  }
 }
 
 struct Sum {
@@ -81,18 +148,18 @@ struct StridedRow {
 };
 
 // A contiguous row of n elements (a multiple of Pack<T>::kSize), 16-byte aligned, of at most
-// kRowPacks packs per thread; this thread's packs are threadIdx.x + k * blockDim.x.
-template <typename T>
+// kPacks packs per thread; this thread's packs are threadIdx.x + k * blockDim.x.
+template <typename T, int kPacks = kRowPacks, class Access = PlainAccess>
 struct CachedRow {
   using P = Pack<T>;
-  P packs[kRowPacks];
+  P packs[kPacks];
   int64_t count;  // packs in the row
 
   __device__ CachedRow(const T* row, int64_t n) : count(n / P::kSize) {
 #pragma unroll
-    for (int k = 0; k < kRowPacks; ++k) {
+    for (int k = 0; k < kPacks; ++k) {
       const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
-      if (j < count) packs[k] = reinterpret_cast<const P*>(row)[j];
+      if (j < count) packs[k] = Access::load(reinterpret_cast<const P*>(row) + j);
     }
   }
   template <class F> __device__ void each(F f) const {
@@ -135,7 +202,7 @@ struct CachedRow {
   // the packs stay in registers).
   template <class B> __device__ __forceinline__ void for_packs(B body) const {
 #pragma unroll
-    for (int k = 0; k < kRowPacks; ++k) {
+    for (int k = 0; k < kPacks; ++k) {
       const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
       if (j < count) body(k, j);
     }
@@ -162,13 +229,21 @@ struct CachedRow {
     P o;
 #pragma unroll
     for (int e = 0; e < P::kSize; ++e) o.v[e] = static_cast<T>(value(e));
-    reinterpret_cast<P*>(out)[j] = o;
+    Access::store(reinterpret_cast<P*>(out) + j, o);
   }
 };
 
 // The most threads a CachedRow kernel runs with: its kernels declare it (__launch_bounds__), so
 // the compiler keeps them within the registers a block that size may have.
 inline constexpr int kMaxRowThreads = 512;
+
+// Threads per block for CachedRow (`packs` packs per thread: its kPacks) over rows of n elements
+// of elem_bytes each, a whole number of packs, or 0 where that is more than kMaxRowThreads.
+inline int row_threads(int64_t n, int elem_bytes, int packs = kRowPacks) {
+  const int64_t per_pack = 16 / elem_bytes;
+  const int64_t threads = ((n / per_pack + packs - 1) / packs + 31) / 32 * 32;
+  return threads > kMaxRowThreads ? 0 : static_cast<int>(threads < 32 ? 32 : threads);
+}
 
 // Threads per block for CachedRow over x's rows (and results written to out, column operands
 // read beside them), or 0 where the rows must be read in place: x not contiguous, a tensor not
@@ -177,13 +252,12 @@ inline constexpr int kMaxRowThreads = 512;
 inline int cached_row_threads(const TensorView& x, const TensorView& out, int elem_bytes,
                               std::initializer_list<const TensorView*> columns = {}) {
   const int64_t n = x.size(-1);
-  const int64_t per_pack = 16 / elem_bytes;
-  if (!x.is_contiguous() || !out.is_contiguous() || !aligned16(x.data) || !aligned16(out.data) || n % per_pack)
+  if (!x.is_contiguous() || !out.is_contiguous() || !aligned16(x.data) || !aligned16(out.data) ||
+      n % (16 / elem_bytes))
     return 0;
   for (const TensorView* c : columns)
     if (c && (c->stride(0) != 1 || !aligned16(c->data))) return 0;
-  const int64_t threads = ((n / per_pack + kRowPacks - 1) / kRowPacks + 31) / 32 * 32;
-  return threads > kMaxRowThreads ? 0 : static_cast<int>(threads < 32 ? 32 : threads);
+  return row_threads(n, elem_bytes);
 }
 
 // Chunks of rows for a kernel that runs a block per chunk and keeps column sums across its rows

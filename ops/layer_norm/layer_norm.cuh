@@ -1,0 +1,62 @@
+// layer_norm's CUDA kernels: one block per row (cuda/rows.cuh); block sums of x - x[0] (the
+// mean), then of d^2 and d together with d = x - mean (variance, refined mean), then the store.
+// As in the CPU kernel, the mean is kept as base + mu (TwoSum) and subtracted in two steps, so a
+// large mean costs no precision. Here, apart from the launches in layer_norm_cuda.cu, so that
+// bench/row_schedules.cu can time cached_kernel with other packs per thread and accesses.
+#pragma once
+
+#include <cmath>
+
+#include "opforge/cuda/rows.cuh"
+
+namespace opforge::layer_norm_cuda {
+
+constexpr int kThreads = 256;  // for strided rows
+
+template <typename T, class Row>
+__device__ __forceinline__ void normalize(T* out, const Row& row, const T* first, const T* w, int64_t w_step,
+                                          const T* b, int64_t b_step, int64_t n, double eps) {
+  using A = cuda::Acc<T>;
+  const A shift = cuda::load(first);  // x[0] of the row
+  A sum = 0;
+  row.each([&](int64_t, A v) { sum += v - shift; });
+  const A approx = cuda::block_sum(sum) / A(n);
+  const A base = shift + approx;  // TwoSum: base + mu == shift + approx exactly
+  const A back = base - shift;
+  A mu = (shift - (base - back)) + (approx - back);
+  A ss = 0, c = 0;
+  row.each([&](int64_t, A v) {
+    const A d = (v - base) - mu;
+    ss += d * d;
+    c += d;
+  });
+  cuda::block_sum2(ss, c);
+  const A correction = c / A(n);
+  mu += correction;
+  const A var = fmax(ss / A(n) - correction * correction, A(0));
+  const A rstd = A(1) / sqrt(var + A(eps));
+  const auto y = [&](A v, const A* c) { return ((v - base) - mu) * rstd * c[0]; };
+  if (b) row.store(out, cuda::Columns<T, 2>{{w, b}, {w_step, b_step}}, [&](A v, const A* c) { return y(v, c) + c[1]; });
+  else row.store(out, cuda::Columns<T, 1>{{w}, {w_step}}, y);
+}
+
+template <typename T>
+__global__ void strided_kernel(T* out, const T* x, cuda::Indexer rows_ix, int64_t step, const T* w, int64_t w_step,
+                               const T* b, int64_t b_step, int64_t rows, int64_t n, double eps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* row = x + rows_ix.offset(r);
+    normalize(out + r * n, cuda::StridedRow<T>{row, step, n}, row, w, w_step, b, b_step, n, eps);
+  }
+}
+
+// Contiguous aligned rows, read once into registers (CachedRow): kPacks packs per thread, so
+// cuda::cached_row_threads(..., kPacks) threads per block.
+template <typename T, int kPacks = cuda::kRowPacks, class Access = cuda::PlainAccess>
+__global__ void __launch_bounds__(cuda::kMaxRowThreads)
+    cached_kernel(T* out, const T* x, const T* w, int64_t w_step, const T* b, int64_t b_step, int64_t rows, int64_t n,
+                  double eps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    normalize(out + r * n, cuda::CachedRow<T, kPacks, Access>(x + r * n, n), x + r * n, w, w_step, b, b_step, n, eps);
+}
+
+}  // namespace opforge::layer_norm_cuda

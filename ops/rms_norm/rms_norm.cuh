@@ -1,0 +1,39 @@
+// rms_norm's CUDA kernels: one block per row (cuda/rows.cuh): a block-wide sum of squares, then
+// the scaled store. Here, apart from the launches in rms_norm_cuda.cu, so that
+// bench/row_schedules.cu can time cached_kernel with other packs per thread and accesses.
+#pragma once
+
+#include <cmath>
+
+#include "opforge/cuda/rows.cuh"
+
+namespace opforge::rms_norm_cuda {
+
+constexpr int kThreads = 256;  // for strided rows
+
+template <typename T, class Row>
+__device__ __forceinline__ void normalize(T* out, const Row& row, const T* w, int64_t w_stride, int64_t n, double eps) {
+  using A = cuda::Acc<T>;
+  A sum = 0;
+  row.each([&](int64_t, A v) { sum += v * v; });
+  const A inv = A(1) / sqrt(cuda::block_sum(sum) / A(n) + A(eps));
+  row.store(out, cuda::Columns<T, 1>{{w}, {w_stride}}, [&](A v, const A* c) { return v * inv * c[0]; });
+}
+
+template <typename T>
+__global__ void strided_kernel(T* out, const T* x, cuda::Indexer rows_ix, int64_t col_stride, const T* w,
+                               int64_t w_stride, int64_t rows, int64_t n, double eps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    normalize(out + r * n, cuda::StridedRow<T>{x + rows_ix.offset(r), col_stride, n}, w, w_stride, n, eps);
+}
+
+// Contiguous aligned rows, read once into registers (CachedRow): kPacks packs per thread, so
+// cuda::cached_row_threads(..., kPacks) threads per block.
+template <typename T, int kPacks = cuda::kRowPacks, class Access = cuda::PlainAccess>
+__global__ void __launch_bounds__(cuda::kMaxRowThreads)
+    cached_kernel(T* out, const T* x, const T* w, int64_t w_stride, int64_t rows, int64_t n, double eps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    normalize(out + r * n, cuda::CachedRow<T, kPacks, Access>(x + r * n, n), w, w_stride, n, eps);
+}
+
+}  // namespace opforge::rms_norm_cuda
