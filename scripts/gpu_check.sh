@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU verification, run on a GPU machine (the H100/H200 test machine: no network, one
 # 10-minute command): builds opforge with its CUDA kernels, runs the GPU tests, the GPU
-# benchmark, the norms' kernels under other schedules, a profile of its slowest ops and their
+# benchmark, its norms' and elementwise kernels under other schedules, a profile of its slowest ops and their
 # hardware counters, compute-sanitizer (memcheck, racecheck) over a focused GPU subset, the forge
 # device's tests in a process of their own, the whole test suite with the GPU present (in
 # parallel with pytest-xdist where it is installed) and the torch adapter built elsewhere (stable
@@ -23,11 +23,11 @@
 # racecheck 12 s (265 s for the first call below, start-up 32 s more); forge past 89 s (85 of its
 # 86 tests), the suite past 240 s (14683 of 14867), the stable-ABI check 82 s. A session's 900 s of
 # device time (start-up included) holds two calls on one warm machine (it goes back after 30 s
-# idle: send the second at once), the second without building again. row_schedules, profile and
+# idle: send the second at once), the second without building again. schedules, profile and
 # ncu (new since that run, untimed: caps 90 s, 60 s and 120 s) push the first call past 265 s, so
 # the second gets what is left (about 900 - 32 - the first's time - 30 s of margin),
 # stable_abi_foreign_binary last:
-#   GPU_CHECK_STEPS=build,test_cuda,bench,row_schedules,profile,ncu,memcheck,racecheck bash scripts/gpu_check.sh
+#   GPU_CHECK_STEPS=build,test_cuda,bench,schedules,profile,ncu,memcheck,racecheck bash scripts/gpu_check.sh
 #   GPU_CHECK_BUDGET_S=450 GPU_CHECK_STEPS=forge,suite,stable_abi_foreign_binary bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -179,15 +179,15 @@ step test_cuda 150 "${pytest_parallel[@]}" -rfEs tests/python/test_cuda.py
 # --- the benchmark (its tables are written as it goes; the issue's ops first) -----------------------
 bench_budget=${GPU_CHECK_BENCH_S:-120}
 step bench $((bench_budget + 60)) "$PY" bench/bench_gpu.py --mib 256 --repeats 30 --out "$RESULTS" --budget-s "$bench_budget"
-# The norms' kernels under other schedules (packs per thread, streaming accesses) beside the ops'
-# own, compiled from the same headers (bench/row_schedules.cu): its table into
-# $RESULTS/row_schedules_cuda.md, its CSV into the logs' archive.
+# The norms' and the elementwise kernels under other schedules (packs per thread, layouts,
+# accesses) beside the ops' own, compiled from the same headers (bench/schedules_cuda.cu): its
+# table into $RESULTS/schedules_cuda.md, its CSV into the logs' archive.
 nvcc_bin=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 lab_includes=(-Iinclude -I.)
 [[ -d build/gpu-deps/include ]] && lab_includes+=(-Ibuild/gpu-deps/include)
-step row_schedules 90 bash -c 'set -o pipefail; mkdir -p build && "$0" -O3 -std=c++20 -arch=sm_$1 "${@:4}" bench/row_schedules.cu -o build/row_schedules &&
-  build/row_schedules "$2" | tee "$3"' "$nvcc_bin" "${GPU_CHECK_CUDA_ARCH:-90}" "$LOGS/row_schedules_cuda.csv" \
-  "$RESULTS/row_schedules_cuda.md" "${lab_includes[@]}"
+step schedules 90 bash -c 'set -o pipefail; mkdir -p build && "$0" -O3 -std=c++20 -arch=sm_$1 "${@:4}" bench/schedules_cuda.cu -o build/schedules_cuda &&
+  build/schedules_cuda "$2" | tee "$3"' "$nvcc_bin" "${GPU_CHECK_CUDA_ARCH:-90}" "$LOGS/schedules_cuda.csv" \
+  "$RESULTS/schedules_cuda.md" "${lab_includes[@]}"
 # Where the slowest ops' time goes (kernels vs the host), into $RESULTS/profile_cuda.txt, and the
 # hardware counters of their kernels and of torch.compile's norms (Nsight Compute, where it can
 # read them), into $RESULTS/ncu_kernels.csv.

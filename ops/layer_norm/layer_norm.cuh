@@ -2,7 +2,7 @@
 // mean), then of d^2 and d together with d = x - mean (variance, refined mean), then the store.
 // As in the CPU kernel, the mean is kept as base + mu (TwoSum) and subtracted in two steps, so a
 // large mean costs no precision. Here, apart from the launches in layer_norm_cuda.cu, so that
-// bench/row_schedules.cu can time cached_kernel with other packs per thread and accesses.
+// bench/schedules_cuda.cu can time cached_kernel with other packs per thread and accesses.
 #pragma once
 
 #include <cmath>

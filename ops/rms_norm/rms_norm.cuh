@@ -1,6 +1,6 @@
 // rms_norm's CUDA kernels: one block per row (cuda/rows.cuh): a block-wide sum of squares, then
 // the scaled store. Here, apart from the launches in rms_norm_cuda.cu, so that
-// bench/row_schedules.cu can time cached_kernel with other packs per thread and accesses.
+// bench/schedules_cuda.cu can time cached_kernel with other packs per thread and accesses.
 #pragma once
 
 #include <cmath>

@@ -31,7 +31,7 @@ TEST(CudaRows, ThreadsCoverTheRowInPacksOfFourPerThread) {
   EXPECT_EQ(cuda::cached_row_threads(view({2, 4096}, DType::float64), view({2, 4096}, DType::float64), 8), 512);
 }
 
-// Other packs per thread (the schedules bench/row_schedules.cu times): fewer threads per row.
+// Other packs per thread (the schedules bench/schedules_cuda.cu times): fewer threads per row.
 TEST(CudaRows, ThreadsForOtherPacksPerThread) {
   EXPECT_EQ(cuda::row_threads(4096, 4, 2), 512);
   EXPECT_EQ(cuda::row_threads(4096, 4, 8), 128);
@@ -40,6 +40,8 @@ TEST(CudaRows, ThreadsForOtherPacksPerThread) {
   EXPECT_EQ(cuda::row_threads(1000, 4, 8), 32);   // 250 packs: the last thread holds 2
   EXPECT_EQ(cuda::row_threads(8192, 4, 2), 0);    // 1024 threads: over kMaxRowThreads
   EXPECT_EQ(cuda::row_threads(8192, 4), cuda::kMaxRowThreads);
+  EXPECT_EQ(cuda::cached_row_threads(view({8, 4096}), view({8, 4096}), 4, {}, 8), 128);
+  EXPECT_EQ(cuda::cached_row_threads(view({8, 4097}), view({8, 4097}), 4, {}, 8), 0);  // not whole packs
 }
 
 TEST(CudaRows, OtherRowsAreReadInPlace) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -126,6 +127,47 @@ struct alignas(16) Pack {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// How a kernel moves its packs (CachedRow, map_contiguous): plain 16-byte loads and stores, the
+// ops' choice; or one of the others bench/schedules_cuda.cu times against it: stores the compiler
+// keeps in order, or streaming (evict-first) loads and stores.
+struct PlainAccess {
+  template <class P> __device__ __forceinline__ static P load(const P* p) { return *p; }
+  template <class P> __device__ __forceinline__ static void store(P* p, const P& v) { *p = v; }
+};
+// Plain loads and stores, each store a barrier to the compiler's reordering (asm volatile with a
+// "memory" clobber): the loads after it (a row kernel's next weights) are not hoisted above it, so
+// fewer values are live at once. StreamingAccess's stores are such barriers too; this is that
+// register count without its cache hint (ptxas, sm_90: float32 layer_norm 52 registers plain,
+// 39 streaming), so the two effects can be timed apart.
+struct OrderedAccess {
+  template <class P> __device__ __forceinline__ static P load(const P* p) { return *p; }
+  template <class P> __device__ __forceinline__ static void store(P* p, const P& v) {
+    static_assert(sizeof(P) == 16);
+#ifndef CUDA_EMU_ARCH
+    unsigned w[4];
+    memcpy(w, &v, sizeof(w));
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                 : "memory");
+#else
+    *p = v;
+#endif
+  }
+};
+struct StreamingAccess {
+  template <class P> __device__ __forceinline__ static P load(const P* p) {
+    static_assert(sizeof(P) == sizeof(int4));
+    const int4 bits = __ldcs(reinterpret_cast<const int4*>(p));
+    P v;
+    memcpy(&v, &bits, sizeof(v));
+    return v;
+  }
+  template <class P> __device__ __forceinline__ static void store(P* p, const P& v) {
+    int4 bits;
+    memcpy(&bits, &v, sizeof(bits));
+    __stcs(reinterpret_cast<int4*>(p), bits);
+  }
+};
+
 // Packs in flight per thread in map_contiguous. HBM needs several MB in flight to run at full
 // speed (Little's law: bandwidth x latency); one 4-byte access per thread keeps ~8 KB per SM
 // and the first elementwise kernels here ran at ~40% of the copy bandwidth on the H200.
@@ -140,10 +182,11 @@ struct Operands {
   int64_t period[K] = {};
   bool narrow = true;  // the pack count fits in 32 bits: wrap periods with 32-bit remainders
 
-  // Operand k's pack for the output's pack j.
+  // Operand k's pack for the output's pack j (Access's load where the operand is read once).
+  template <class Access = PlainAccess>
   __device__ __forceinline__ Pack<T> pack(int k, int64_t j) const {
     const Pack<T>* src = reinterpret_cast<const Pack<T>*>(p[k]);
-    if (period[k] == 0) return src[j];
+    if (period[k] == 0) return Access::load(src + j);
     if (period[k] == 1) {
       Pack<T> v;
 #pragma unroll
@@ -159,28 +202,43 @@ struct Operands {
   }
 };
 
+// How map_contiguous spreads an array's packs over its threads: kPacks per thread, loaded before
+// any is stored, a thread's packs a whole grid apart (the ops' own) or, kTiled, each block's packs
+// one contiguous tile (a thread's a block apart); blocks of kThreads, packs moved by Access. The
+// ops use the default; bench/schedules_cuda.cu times the others beside it.
+template <int kPacks_ = kPacksPerThread, bool kTiled_ = false, class Access_ = PlainAccess, int kThreads_ = 256>
+struct MapSchedule {
+  static constexpr int kPacks = kPacks_;
+  static constexpr bool kTiled = kTiled_;
+  using Access = Access_;
+  static constexpr int kThreads = kThreads_;
+};
+
 // out[i] = f(in[0][i], ..., in[K-1][i]) in the accumulation type, over n contiguous elements of
 // 16-byte aligned operands, in 16-byte packs (the last n % kSize elements one by one).
-template <typename T, int K, class F>
-__global__ void __launch_bounds__(256) map_contiguous(T* __restrict__ out, Operands<T, K> in, int64_t n, F f) {
+template <typename T, int K, class F, class S = MapSchedule<>>
+__global__ void __launch_bounds__(S::kThreads) map_contiguous(T* __restrict__ out, Operands<T, K> in, int64_t n, F f) {
   static_assert(K == 1 || K == 2, "map_contiguous applies unary and binary functions");
   using P = Pack<T>;
-  constexpr int U = kPacksPerThread;
+  constexpr int U = S::kPacks;
   const int64_t packs = n / P::kSize;
-  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  const int64_t threads = int64_t(gridDim.x) * blockDim.x;
   const int64_t id = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  for (int64_t first = id; first < packs; first += step * U) {
+  // A thread's u-th pack is first + u * apart; the grid's next group starts threads * U later.
+  const int64_t apart = S::kTiled ? int64_t(blockDim.x) : threads;
+  const int64_t start = S::kTiled ? blockIdx.x * int64_t(blockDim.x) * U + threadIdx.x : id;
+  for (int64_t first = start; first < packs; first += threads * U) {
     P a[K][U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t j = first + u * step;
+      const int64_t j = first + u * apart;
 #pragma unroll
       for (int k = 0; k < K; ++k)
-        if (j < packs) a[k][u] = in.pack(k, j);
+        if (j < packs) a[k][u] = in.template pack<typename S::Access>(k, j);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t j = first + u * step;
+      const int64_t j = first + u * apart;
       if (j < packs) {
         P o;
 #pragma unroll
@@ -188,7 +246,7 @@ __global__ void __launch_bounds__(256) map_contiguous(T* __restrict__ out, Opera
           if constexpr (K == 1) o.v[e] = static_cast<T>(f(static_cast<Acc<T>>(a[0][u].v[e])));
           else o.v[e] = static_cast<T>(f(static_cast<Acc<T>>(a[0][u].v[e]), static_cast<Acc<T>>(a[1][u].v[e])));
         }
-        reinterpret_cast<P*>(out)[j] = o;
+        S::Access::store(reinterpret_cast<P*>(out) + j, o);
       }
     }
   }
@@ -200,12 +258,12 @@ __global__ void __launch_bounds__(256) map_contiguous(T* __restrict__ out, Opera
 }
 
 // map_contiguous over n elements of 16-byte aligned operands (the caller checked); n may be 0.
-template <typename T, int K, class F>
+template <typename T, int K, class F, class S = MapSchedule<>>
 void launch_map_contiguous(T* out, Operands<T, K> in, int64_t n, F f, cudaStream_t stream) {
   if (n == 0) return;
   const int64_t packs = n / Pack<T>::kSize;
-  const int64_t threads_needed = std::max<int64_t>((packs + kPacksPerThread - 1) / kPacksPerThread, 1);
-  map_contiguous<T, K><<<blocks_for(threads_needed, 256), 256, 0, stream>>>(out, in, n, f);
+  const int64_t threads_needed = std::max<int64_t>((packs + S::kPacks - 1) / S::kPacks, 1);
+  map_contiguous<T, K, F, S><<<blocks_for(threads_needed, S::kThreads), S::kThreads, 0, stream>>>(out, in, n, f);
 }
 
 // How `t`, broadcast to `shape`, repeats along that shape's elements in order: 0 when it is

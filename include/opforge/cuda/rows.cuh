@@ -3,13 +3,12 @@
 //   and every pass of the kernel (max, sums, the store) works on those: the row crosses HBM once
 //   and each thread keeps kRowPacks loads in flight (what HBM needs to run at full speed). The
 //   packs per thread and the kind of load and store are template parameters, so that
-//   bench/row_schedules.cu can time other choices of the same kernels beside the ops' own;
+//   bench/schedules_cuda.cu can time other choices of the same kernels beside the ops' own;
 // - StridedRow: any other row, read in place on every pass (the first kernels' way).
 // A kernel body written once against row.each / row.store runs on either.
 #pragma once
 
 #include <algorithm>
-#include <cstring>
 #include <initializer_list>
 
 #include "opforge/cuda/common.cuh"
@@ -17,47 +16,6 @@
 namespace opforge::cuda {
 
 inline constexpr int kRowPacks = 4;  // packs per thread in a CachedRow
-
-// How a CachedRow reads its row and writes its result: plain 16-byte loads and stores, the ops'
-// choice; or streaming ones (ld.global.cs / st.global.cs: evict-first in L1 and L2, for data
-// touched once), one of the choices bench/row_schedules.cu times against it.
-struct PlainAccess {
-  template <class P> __device__ __forceinline__ static P load(const P* p) { return *p; }
-  template <class P> __device__ __forceinline__ static void store(P* p, const P& v) { *p = v; }
-};
-// Plain loads and stores, each store a barrier to the compiler's reordering (asm volatile with a
-// "memory" clobber): the loads after it (the next pack's weights) are not hoisted above it, so
-// fewer values are live at once. StreamingAccess's stores are such barriers too; this is that
-// register count without its cache hint (ptxas, sm_90: float32 layer_norm 52 registers plain,
-// 39 streaming), so the two effects can be timed apart.
-struct OrderedAccess {
-  template <class P> __device__ __forceinline__ static P load(const P* p) { return *p; }
-  template <class P> __device__ __forceinline__ static void store(P* p, const P& v) {
-    static_assert(sizeof(P) == 16);
-#ifndef CUDA_EMU_ARCH
-    unsigned w[4];
-    memcpy(w, &v, sizeof(w));
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
-                 : "memory");
-#else
-    *p = v;
-#endif
-  }
-};
-struct StreamingAccess {
-  template <class P> __device__ __forceinline__ static P load(const P* p) {
-    static_assert(sizeof(P) == sizeof(int4));
-    const int4 bits = __ldcs(reinterpret_cast<const int4*>(p));
-    P v;
-    memcpy(&v, &bits, sizeof(v));
-    return v;
-  }
-  template <class P> __device__ __forceinline__ static void store(P* p, const P& v) {
-    int4 bits;
-    memcpy(&bits, &v, sizeof(bits));
-    __stcs(reinterpret_cast<int4*>(p), bits);
-  }
-};
 
 // v reduced over the block with op (blockDim.x a multiple of 32), the same value in every
 // thread: warp shuffles, then the warps' results in a fixed order.
@@ -245,19 +203,19 @@ inline int row_threads(int64_t n, int elem_bytes, int packs = kRowPacks) {
   return threads > kMaxRowThreads ? 0 : static_cast<int>(threads < 32 ? 32 : threads);
 }
 
-// Threads per block for CachedRow over x's rows (and results written to out, column operands
-// read beside them), or 0 where the rows must be read in place: x not contiguous, a tensor not
-// 16-byte aligned, a column operand strided, the row length not a whole number of packs, or rows
-// longer than kMaxRowThreads threads' packs.
+// Threads per block for CachedRow (`packs` per thread) over x's rows (and results written to out,
+// column operands read beside them), or 0 where the rows must be read in place: x not contiguous,
+// a tensor not 16-byte aligned, a column operand strided, the row length not a whole number of
+// packs, or rows longer than kMaxRowThreads threads' packs.
 inline int cached_row_threads(const TensorView& x, const TensorView& out, int elem_bytes,
-                              std::initializer_list<const TensorView*> columns = {}) {
+                              std::initializer_list<const TensorView*> columns = {}, int packs = kRowPacks) {
   const int64_t n = x.size(-1);
   if (!x.is_contiguous() || !out.is_contiguous() || !aligned16(x.data) || !aligned16(out.data) ||
       n % (16 / elem_bytes))
     return 0;
   for (const TensorView* c : columns)
     if (c && (c->stride(0) != 1 || !aligned16(c->data))) return 0;
-  return row_threads(n, elem_bytes);
+  return row_threads(n, elem_bytes, packs);
 }
 
 // Chunks of rows for a kernel that runs a block per chunk and keeps column sums across its rows

@@ -1,8 +1,11 @@
-// The norms' cached-row kernels under the schedules bench/row_schedules.cu times beside the ops'
-// own (other packs per thread, ordered or streaming stores): each must compute the op, checked
-// here against a double-precision reference, so a schedule the GPU run finds faster can become
-// the ops' own. (The PTX of OrderedAccess's store is the GPU's: here it is a plain store, and
-// bench/row_schedules.cu compares every schedule's output with the ops' own on the GPU.) Compiled like the ops' CUDA sources: rewritten, then with the emulator's header ahead.
+// The kernels under the schedules bench/schedules_cuda.cu times beside the ops' own: the norms'
+// cached-row kernels (other packs per thread, ordered or streaming stores) and map_contiguous
+// (packs per thread, tiles, block size, streaming). Each must compute the op, checked here against
+// a double-precision reference (and map_contiguous bit for bit against its own schedule), so a
+// schedule the GPU run finds faster can become the ops' own. The PTX of OrderedAccess's store is
+// the GPU's only (a plain store here); bench/schedules_cuda.cu compares every schedule's output
+// with the ops' own on the GPU. Compiled like the ops' CUDA sources: rewritten, then with the
+// emulator's header ahead.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "opforge/cuda/activation.cuh"
 #include "ops/layer_norm/layer_norm.cuh"
 #include "ops/rms_norm/rms_norm.cuh"
 
@@ -114,6 +118,69 @@ TEST(RowSchedules, EveryScheduleComputesTheNorms) {
   expect_every_schedule_computes<float>(4, 64);
   expect_every_schedule_computes<__nv_bfloat16>(3, 1024);
   expect_every_schedule_computes<__nv_bfloat16>(2, 776);
+}
+
+struct TimesPlusX {
+  template <typename A> __device__ A operator()(A x, A y) const { return x * y + x; }
+};
+
+// out = silu(x) and out = x * y + x over n elements under schedule S, with the grid capped at
+// `cap` blocks (several trips of the grid-stride loop); returns silu's and the product's outputs.
+template <class S>
+std::pair<std::vector<float>, std::vector<float>> map_outputs(const std::vector<float>& x, const std::vector<float>& y,
+                                                              int64_t cap) {
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<cuda::Pack<float>> xm(n / 4 + 1), ym(xm.size()), om(xm.size());
+  std::copy(x.begin(), x.end(), reinterpret_cast<float*>(xm.data()));
+  std::copy(y.begin(), y.end(), reinterpret_cast<float*>(ym.data()));
+  float* out = reinterpret_cast<float*>(om.data());
+  const float* xp = reinterpret_cast<const float*>(xm.data());
+  const float* yp = reinterpret_cast<const float*>(ym.data());
+  const int64_t saved = cuda_emu::set_grid_cap(cap);
+  cuda::launch_map_contiguous<float, 1, cuda::Silu, S>(out, cuda::Operands<float, 1>{{xp}}, n, cuda::Silu{}, nullptr);
+  std::vector<float> silu(out, out + n);
+  cuda::launch_map_contiguous<float, 2, TimesPlusX, S>(out, cuda::Operands<float, 2>{{xp, yp}}, n, TimesPlusX{},
+                                                       nullptr);
+  cuda_emu::set_grid_cap(saved);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  return {silu, std::vector<float>(out, out + n)};
+}
+
+template <class S>
+void expect_map_schedule_computes(const char* schedule) {
+  using Own = cuda::MapSchedule<>;
+  // Whole packs, a tail of 1-3 elements, fewer elements than one pack, a partial last tile.
+  for (int64_t n : {4096, 4099, 3, 1000, 5 * 256 * 4 + 4 * 37}) {
+    for (int64_t cap : {int64_t{1} << 20, int64_t{3}}) {
+      std::mt19937 gen(static_cast<unsigned>(n + cap));
+      std::uniform_real_distribution<float> u(-6.0f, 6.0f);
+      std::vector<float> x(n), y(n);
+      for (float& v : x) v = u(gen);
+      for (float& v : y) v = u(gen);
+      const auto [silu, product] = map_outputs<S>(x, y, cap);
+      const auto [own_silu, own_product] = map_outputs<Own>(x, y, cap);
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = x[i] / (1.0 + std::exp(-double(x[i])));
+        ASSERT_NEAR(silu[i], want, 1e-5 * std::max(1.0, std::fabs(want)))
+            << schedule << ": silu, element " << i << " of " << n << ", grid cap " << cap;
+        ASSERT_EQ(silu[i], own_silu[i]) << schedule << ": silu, element " << i << " of " << n;
+        ASSERT_EQ(product[i], x[i] * y[i] + x[i]) << schedule << ": x * y + x, element " << i << " of " << n;
+        ASSERT_EQ(product[i], own_product[i]) << schedule << ": x * y + x, element " << i << " of " << n;
+      }
+    }
+  }
+}
+
+TEST(MapSchedules, EveryScheduleComputesTheElementwiseOps) {
+  using cuda::MapSchedule, cuda::PlainAccess, cuda::StreamingAccess;
+  expect_map_schedule_computes<MapSchedule<>>("the ops' own");
+  expect_map_schedule_computes<MapSchedule<2>>("2 packs");
+  expect_map_schedule_computes<MapSchedule<8>>("8 packs");
+  expect_map_schedule_computes<MapSchedule<4, true>>("4 packs tiled");
+  expect_map_schedule_computes<MapSchedule<2, true, PlainAccess, 128>>("2 packs tiled, 128 threads");
+  expect_map_schedule_computes<MapSchedule<4, false, PlainAccess, 128>>("4 packs, 128 threads");
+  expect_map_schedule_computes<MapSchedule<4, false, StreamingAccess>>("4 packs streaming");
+  expect_map_schedule_computes<MapSchedule<4, true, StreamingAccess>>("4 packs tiled streaming");
 }
 
 }  // namespace

@@ -1,0 +1,340 @@
+// opforge's memory-bound CUDA kernels timed under other schedules of the same code beside the
+// ops' own, on one GPU, against the device-to-device copy, so that the next change of schedule is
+// a measured one:
+// - the norms' one-row-per-block kernels (ops/rms_norm/rms_norm.cuh, ops/layer_norm/layer_norm.cuh):
+//   packs per thread (cuda::CachedRow's kPacks: 2, 4 = the ops' own, 8, 16; fewer threads per row,
+//   more registers each), stores the compiler may not hoist the next pack's weight loads above
+//   (fewer registers: float32 layer_norm 52 -> 40), streaming (evict-first) loads and stores;
+// - the elementwise kernel (cuda::map_contiguous, with silu's functor and as a plain copy): packs
+//   per thread, a thread's packs a grid apart (the ops' own) or each block's packs one contiguous
+//   tile (as Triton lays out inductor's pointwise kernels), block size, streaming loads and stores.
+// The H200 run at db57f81 had the norms at 95-97% of the copy, 0.95-0.96x torch.compile's kernels,
+// and silu/relu at 97-98%, 0.97-0.98x. Each schedule's blocks per SM (registers decide it for the
+// norms: a row's bytes in flight live in them), registers and local memory per thread are printed
+// beside its time.
+//
+// Built and run by scripts/gpu_check.sh (step schedules), or by hand from the repository root:
+//   nvcc -O3 -std=c++20 -arch=native -Iinclude -I. bench/schedules_cuda.cu -o build/schedules_cuda
+//   build/schedules_cuda [out.csv] [rows] [cols]
+// Timing: CUDA events around each launch, the schedules interleaved call by call, inputs rotated
+// past three times the L2, median of 30 calls. Every schedule's output is compared with the ops'
+// own on the same input (the norms' sums are added in another order: float rounding apart; the
+// elementwise results must be equal); a mismatch fails the run.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "opforge/cuda/activation.cuh"
+#include "ops/layer_norm/layer_norm.cuh"
+#include "ops/rms_norm/rms_norm.cuh"
+
+namespace {
+
+using namespace opforge;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "schedules_cuda: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(2);
+  }
+}
+
+// x[i] uniform in [-2, 2) from a hash of i and a seed: fresh values without a host copy of 256 MiB.
+template <typename T>
+__global__ void fill(T* x, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B9u ^ seed;
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    x[i] = static_cast<T>(static_cast<float>(h >> 8) * (4.0f / 16777216.0f) - 2.0f);
+  }
+}
+
+template <typename T>
+T* device_array(int64_t n, uint32_t seed) {
+  T* p = nullptr;
+  check(cudaMalloc(&p, n * sizeof(T)), "cudaMalloc");
+  fill<<<1024, 256>>>(p, n, seed);
+  check(cudaGetLastError(), "fill");
+  return p;
+}
+
+template <typename T>
+struct Buffers {
+  int64_t rows, n;
+  std::vector<T*> x, out;  // rotated: x[s] -> out[s]
+  T *w, *b;
+};
+
+// One schedule of one op: its launch, its kernel (for registers and occupancy), its block size
+// (0: it cannot run this shape), the bytes a call moves.
+template <typename T>
+struct Schedule {
+  std::string op, label;
+  const void* kernel;
+  int threads;
+  double bytes;
+  void (*launch)(const Buffers<T>&, int set, cudaStream_t);
+};
+
+template <typename T, int kPacks, class Access>
+void launch_rms_norm(const Buffers<T>& b, int s, cudaStream_t stream) {
+  rms_norm_cuda::cached_kernel<T, kPacks, Access><<<cuda::row_blocks(b.rows), cuda::row_threads(b.n, sizeof(T), kPacks),
+                                                    0, stream>>>(b.out[s], b.x[s], b.w, 1, b.rows, b.n, 1e-6);
+}
+
+template <typename T, int kPacks, class Access>
+void launch_layer_norm(const Buffers<T>& b, int s, cudaStream_t stream) {
+  layer_norm_cuda::cached_kernel<T, kPacks, Access><<<cuda::row_blocks(b.rows), cuda::row_threads(b.n, sizeof(T), kPacks),
+                                                      0, stream>>>(b.out[s], b.x[s], b.w, 1, b.b, 1, b.rows, b.n, 1e-5);
+}
+
+// y = x, through map_contiguous: the elementwise kernel's own cost beside the driver's copy.
+struct Copy {
+  template <typename A> __device__ A operator()(A x) const { return x; }
+};
+
+template <typename T, class F, class S>
+void launch_map(const Buffers<T>& b, int s, cudaStream_t stream) {
+  cuda::Operands<T, 1> in{{b.x[s]}};
+  in.narrow = b.rows * b.n / cuda::Pack<T>::kSize <= UINT32_MAX;
+  cuda::launch_map_contiguous<T, 1, F, S>(b.out[s], in, b.rows * b.n, F{}, stream);
+}
+
+template <typename T, int kPacks, class Access>
+void add_norms(std::vector<Schedule<T>>& list, int64_t rows, int64_t n, const char* access) {
+  const std::string label = std::to_string(kPacks) + " packs " + access;
+  const int threads = cuda::row_threads(n, sizeof(T), kPacks);
+  const double x_bytes = 2.0 * rows * n * sizeof(T), column_bytes = double(n) * sizeof(T);
+  list.push_back({"rms_norm", label, reinterpret_cast<const void*>(rms_norm_cuda::cached_kernel<T, kPacks, Access>),
+                  threads, x_bytes + column_bytes, launch_rms_norm<T, kPacks, Access>});
+  list.push_back({"layer_norm", label,
+                  reinterpret_cast<const void*>(layer_norm_cuda::cached_kernel<T, kPacks, Access>), threads,
+                  x_bytes + 2 * column_bytes, launch_layer_norm<T, kPacks, Access>});
+}
+
+template <typename T, class S>
+void add_map(std::vector<Schedule<T>>& list, int64_t rows, int64_t n, const char* access) {
+  const std::string label = std::to_string(S::kPacks) + " packs " + (S::kTiled ? "tiled" : "a grid apart") + ", " +
+                            std::to_string(S::kThreads) + " threads, " + access;
+  list.push_back({"silu", label, reinterpret_cast<const void*>(cuda::map_contiguous<T, 1, cuda::Silu, S>), S::kThreads,
+                  2.0 * rows * n * sizeof(T), launch_map<T, cuda::Silu, S>});
+  list.push_back({"copy", label, reinterpret_cast<const void*>(cuda::map_contiguous<T, 1, Copy, S>), S::kThreads,
+                  2.0 * rows * n * sizeof(T), launch_map<T, Copy, S>});
+}
+
+// Each op's own schedule first: the others of that op are compared with it.
+template <typename T>
+std::vector<Schedule<T>> schedules(int64_t rows, int64_t n) {
+  using cuda::MapSchedule, cuda::OrderedAccess, cuda::PlainAccess, cuda::StreamingAccess;
+  std::vector<Schedule<T>> list;
+  add_norms<T, cuda::kRowPacks, PlainAccess>(list, rows, n, "plain (the ops')");
+  add_norms<T, 2, PlainAccess>(list, rows, n, "plain");
+  add_norms<T, 8, PlainAccess>(list, rows, n, "plain");
+  add_norms<T, 16, PlainAccess>(list, rows, n, "plain");
+  add_norms<T, cuda::kRowPacks, OrderedAccess>(list, rows, n, "ordered stores");
+  add_norms<T, 8, OrderedAccess>(list, rows, n, "ordered stores");
+  add_norms<T, cuda::kRowPacks, StreamingAccess>(list, rows, n, "streaming");
+  add_norms<T, 8, StreamingAccess>(list, rows, n, "streaming");
+  add_map<T, MapSchedule<>>(list, rows, n, "plain (the ops')");
+  add_map<T, MapSchedule<2>>(list, rows, n, "plain");
+  add_map<T, MapSchedule<8>>(list, rows, n, "plain");
+  add_map<T, MapSchedule<4, true>>(list, rows, n, "plain");
+  add_map<T, MapSchedule<2, true, PlainAccess, 128>>(list, rows, n, "plain");
+  add_map<T, MapSchedule<4, false, PlainAccess, 128>>(list, rows, n, "plain");
+  add_map<T, MapSchedule<4, false, StreamingAccess>>(list, rows, n, "streaming");
+  add_map<T, MapSchedule<4, true, StreamingAccess>>(list, rows, n, "streaming");
+  return list;
+}
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <typename T>
+std::vector<float> to_host(const T* p, int64_t n) {
+  std::vector<T> raw(n);
+  check(cudaMemcpy(raw.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "copy back");
+  std::vector<float> out(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(raw[i]);
+  return out;
+}
+
+struct Row {
+  std::string op, dtype, schedule;
+  int threads, regs, local_bytes, blocks_per_sm;
+  float us, gbps, pct_copy, vs_own, max_diff;
+};
+
+// Times every schedule on rows x n of T; returns false if an output differs from its op's own.
+template <typename T>
+bool run(const char* dtype, int64_t rows, int64_t n, int sets, float copy_gbps, int repeats, std::vector<Row>& table) {
+  Buffers<T> b{rows, n, {}, {}, nullptr, nullptr};
+  for (int s = 0; s < sets; ++s) {
+    b.x.push_back(device_array<T>(rows * n, 11 + s));
+    b.out.push_back(device_array<T>(rows * n, 0));
+  }
+  b.w = device_array<T>(n, 7);
+  b.b = device_array<T>(n, 8);
+  const std::vector<Schedule<T>> list = schedules<T>(rows, n);
+  std::map<std::string, size_t> own;  // op -> its own schedule's place in the list
+  for (size_t i = 0; i < list.size(); ++i) own.emplace(list[i].op, i);
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+
+  // Outputs first: each schedule on set 0, compared with its op's own schedule.
+  bool ok = true;
+  std::vector<float> diffs(list.size(), 0.0f);
+  std::map<std::string, std::vector<float>> want;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].threads) continue;
+    list[i].launch(b, 0, stream);
+    check(cudaGetLastError(), list[i].label.c_str());
+    check(cudaStreamSynchronize(stream), list[i].label.c_str());
+    const std::vector<float> got = to_host(b.out[0], rows * n);
+    if (own[list[i].op] == i) want[list[i].op] = got;
+    const std::vector<float>& ref = want[list[i].op];
+    float worst = 0.0f, scale = 0.0f;
+    for (int64_t k = 0; k < rows * n; ++k) {
+      worst = std::max(worst, std::fabs(got[k] - ref[k]));
+      scale = std::max(scale, std::fabs(ref[k]));
+    }
+    diffs[i] = worst;
+    const bool exact = list[i].op == "silu" || list[i].op == "copy";  // the same function of the same value
+    const float tolerance = exact ? 0.0f : (sizeof(T) == 4 ? 1e-5f : 2e-2f) * scale;
+    if (!(worst <= tolerance)) {
+      std::fprintf(stderr, "schedules_cuda: %s %s %s differs from the op's own by %g (tolerance %g)\n",
+                   list[i].op.c_str(), dtype, list[i].label.c_str(), worst, tolerance);
+      ok = false;
+    }
+  }
+
+  // Times: every schedule once per round, the rounds rotating the input sets.
+  std::vector<std::vector<float>> times(list.size());
+  std::vector<cudaEvent_t> starts(list.size()), ends(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    check(cudaEventCreate(&starts[i]), "event");
+    check(cudaEventCreate(&ends[i]), "event");
+  }
+  for (int r = -2; r < repeats; ++r) {  // two rounds of warm-up
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!list[i].threads) continue;
+      check(cudaEventRecord(starts[i], stream), "record");
+      list[i].launch(b, (r + 2 + int(i)) % sets, stream);
+      check(cudaGetLastError(), list[i].label.c_str());
+      check(cudaEventRecord(ends[i], stream), "record");
+    }
+    check(cudaStreamSynchronize(stream), "timed launches");
+    for (size_t i = 0; r >= 0 && i < list.size(); ++i) {
+      if (!list[i].threads) continue;
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, starts[i], ends[i]), "elapsed");
+      times[i].push_back(ms * 1e3f);
+    }
+  }
+
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].threads) continue;
+    cudaFuncAttributes attr{};
+    check(cudaFuncGetAttributes(&attr, list[i].kernel), "attributes");
+    int blocks = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, list[i].kernel, list[i].threads, 0), "occupancy");
+    const float us = median(times[i]);
+    const float gbps = static_cast<float>(list[i].bytes / (us * 1e3));
+    table.push_back({list[i].op, dtype, list[i].label, list[i].threads, attr.numRegs,
+                     static_cast<int>(attr.localSizeBytes), blocks, us, gbps, 100.0f * gbps / copy_gbps,
+                     median(times[own[list[i].op]]) / us, diffs[i]});
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    cudaEventDestroy(starts[i]);
+    cudaEventDestroy(ends[i]);
+  }
+  for (int s = 0; s < sets; ++s) {
+    cudaFree(b.x[s]);
+    cudaFree(b.out[s]);
+  }
+  cudaFree(b.w);
+  cudaFree(b.b);
+  cudaStreamDestroy(stream);
+  return ok;
+}
+
+// The device-to-device copy's bandwidth (read + write) over buffers of `bytes`, median of repeats.
+float copy_gbps(int64_t bytes, int repeats) {
+  void *src, *dst;
+  check(cudaMalloc(&src, bytes), "cudaMalloc");
+  check(cudaMalloc(&dst, bytes), "cudaMalloc");
+  cudaEvent_t start, end;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&end), "event");
+  std::vector<float> us;
+  for (int r = -2; r < repeats; ++r) {
+    check(cudaEventRecord(start), "record");
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice), "copy");
+    check(cudaEventRecord(end), "record");
+    check(cudaEventSynchronize(end), "copy");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, end), "elapsed");
+    if (r >= 0) us.push_back(ms * 1e3f);
+  }
+  cudaFree(src);
+  cudaFree(dst);
+  return static_cast<float>(2.0 * bytes / (median(us) * 1e3));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* csv_path = argc > 1 ? argv[1] : nullptr;
+  const int64_t rows = argc > 2 ? std::atoll(argv[2]) : 16384;
+  const int64_t n = argc > 3 ? std::atoll(argv[3]) : 4096;
+  const int repeats = 30;
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "device");
+  // Enough input/output sets that a call's reads are not in the L2 from the calls before.
+  const int64_t f32_bytes = rows * n * 4;
+  const int sets = static_cast<int>(std::max<int64_t>(2, (3LL * prop.l2CacheSize) / (2 * f32_bytes) + 1));
+  const float copy = copy_gbps(f32_bytes, repeats);
+  std::printf("%s, %d SMs, L2 %d MiB; copy (read + write, %lld MiB): %.0f GB/s; %lld x %lld, %d input sets\n",
+              prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, (long long)(f32_bytes >> 20), copy,
+              (long long)rows, (long long)n, sets);
+  std::vector<Row> table;
+  bool ok = run<float>("float32", rows, n, sets, copy, repeats, table);
+  ok = run<__nv_bfloat16>("bfloat16", rows, n, sets, copy, repeats, table) && ok;
+
+  std::printf("\n| op | dtype | schedule | threads | registers | local bytes | blocks/SM | us | GB/s | %% of copy |"
+              " vs the op's own | max diff |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const Row& r : table)
+    std::printf("| %s | %s | %s | %d | %d | %d | %d | %.1f | %.0f | %.1f%% | %.3fx | %.2g |\n", r.op.c_str(),
+                r.dtype.c_str(), r.schedule.c_str(), r.threads, r.regs, r.local_bytes, r.blocks_per_sm, r.us, r.gbps,
+                r.pct_copy, r.vs_own, r.max_diff);
+  std::printf("\nvs the op's own: its time / this schedule's (above 1: this schedule is faster). local bytes: "
+              "local memory per thread (spills).\n");
+  if (csv_path) {
+    FILE* f = std::fopen(csv_path, "w");
+    if (!f) {
+      std::fprintf(stderr, "schedules_cuda: cannot write %s\n", csv_path);
+      return 2;
+    }
+    std::fprintf(f, "device,op,dtype,schedule,threads,registers,local_bytes,blocks_per_sm,us,gbps,pct_copy,vs_own,"
+                    "max_diff\n");
+    for (const Row& r : table)
+      std::fprintf(f, "%s,%s,%s,\"%s\",%d,%d,%d,%d,%.2f,%.1f,%.2f,%.4f,%.3g\n", prop.name, r.op.c_str(),
+                   r.dtype.c_str(), r.schedule.c_str(), r.threads, r.regs, r.local_bytes, r.blocks_per_sm, r.us,
+                   r.gbps, r.pct_copy, r.vs_own, r.max_diff);
+    std::fclose(f);
+  }
+  return ok ? 0 : 1;
+}
