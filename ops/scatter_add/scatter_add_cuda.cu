@@ -36,25 +36,59 @@ __global__ void start_kernel(int64_t* start, const Key* sorted, int64_t n, int64
 // reached 41% of the H100's copy bandwidth (including the sort and the index check).
 constexpr int kAhead = 32;
 
+// Bucket positions a block stages in shared memory at a time, where all its threads sum the same
+// bucket (rows of at least a block's width: the benchmark's): each position is read once per
+// block, coalesced, where every thread read each one itself, and its source loads waited on that
+// load (a global load's latency ahead of every kAhead loads from HBM).
+constexpr int kStaged = 512;
+
+// acc += the source values at positions position(p) for p in [begin, end), in that order, kAhead
+// loads ahead of the adds.
+template <typename A, typename T, class Position>
+__device__ __forceinline__ void sum_in_order(A& acc, const T* base, int64_t step, int64_t begin, int64_t end,
+                                             Position position) {
+  for (int64_t p = begin; p < end; p += kAhead) {
+    A v[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u)
+      if (p + u < end) v[u] = cuda::load(base + position(p + u) * step);
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u)
+      if (p + u < end) acc += v[u];
+  }
+}
+
+// out[e] = the sum of its bucket's source values, in order. Output e is element k of slice j of
+// outer index o; a block takes blockDim.x consecutive outputs (all threads take every trip of the
+// grid-stride loop, for the barriers).
 template <typename T>
-__global__ void sum_kernel(T* out, const T* src, scatter_cuda::SliceIndexers s, const int64_t* start, const int64_t* order,
-                           int64_t dim_size, int64_t total) {
+__global__ void __launch_bounds__(kThreads) sum_kernel(T* out, const T* src, scatter_cuda::SliceIndexers s,
+                                                       const int64_t* start, const int64_t* order, int64_t dim_size,
+                                                       int64_t total) {
   using A = cuda::Acc<T>;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t k = e % s.inner_size, j = (e / s.inner_size) % dim_size, o = e / (s.inner_size * dim_size);
-    const T* base = src + s.outer.offset(o) + s.inner.offset(k);
+  __shared__ int64_t staged[kStaged];
+  const int64_t slice = s.inner_size;
+  for (int64_t e0 = blockIdx.x * int64_t(blockDim.x); e0 < total; e0 += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t e = e0 + threadIdx.x;
+    const bool active = e < total;
+    const int64_t j = (e / slice) % dim_size, o = e / (slice * dim_size);
+    const T* base = src + s.outer.offset(o) + s.inner.offset(e % slice);
     A acc = 0;
-    const int64_t end = start[j + 1];
-    for (int64_t p = start[j]; p < end; p += kAhead) {
-      A v[kAhead];
-#pragma unroll
-      for (int u = 0; u < kAhead; ++u)
-        if (p + u < end) v[u] = cuda::load(base + order[p + u] * s.step);
-#pragma unroll
-      for (int u = 0; u < kAhead; ++u)
-        if (p + u < end) acc += v[u];
+    const int64_t last = (e0 + blockDim.x < total ? e0 + blockDim.x : total) - 1;
+    if (e0 / slice == last / slice) {  // one bucket for the block's outputs (a uniform branch)
+      const int64_t bucket = (e0 / slice) % dim_size;  // j of every active thread; the bounds of all
+      const int64_t end = start[bucket + 1];
+      for (int64_t p0 = start[bucket]; p0 < end; p0 += kStaged) {
+        const int64_t count = end - p0 < kStaged ? end - p0 : kStaged;
+        __syncthreads();  // the previous chunk's reads are done
+        for (int64_t t = threadIdx.x; t < count; t += blockDim.x) staged[t] = order[p0 + t];
+        __syncthreads();
+        if (active) sum_in_order(acc, base, s.step, 0, count, [&](int64_t q) { return staged[q]; });
+      }
+    } else if (active) {
+      sum_in_order(acc, base, s.step, start[j], start[j + 1], [&](int64_t p) { return order[p]; });
     }
-    cuda::store(out + e, acc);
+    if (active) cuda::store(out + e, acc);
   }
 }
 

@@ -139,9 +139,11 @@ Case scatter(bool backward) {
     Shape src;
     int64_t dim, dim_size;
   };
-  // {200, 5} into 3: buckets of ~66 rows, two full groups of sum_kernel's 32 loads ahead and a partial one
+  // {200, 5} into 3: buckets of ~66 rows, two full groups of sum_kernel's 32 loads ahead and a partial one.
+  // {1100, 300} into 2: buckets of ~550 rows staged in two chunks by blocks whose 256 outputs share
+  // one (the first and the last, partial, block), and a block across both buckets between them.
   const std::vector<S> shapes = {{{0, 3}, 0, 4}, {{9, 5}, 0, 16}, {{40, 33}, 0, 3}, {{3, 50, 2}, 1, 7}, {{7}, 0, 1},
-                                 {{200, 5}, 0, 3}};
+                                 {{200, 5}, 0, 3}, {{1100, 300}, 0, 2}};
   return {int(shapes.size()) * 2, [=](DType d, int s, Layout l, std::mt19937& rng) {
             const S& c = shapes[s / 2];
             const DType index_dtype = s % 2 ? DType::int32 : DType::int64;
