@@ -786,6 +786,22 @@ def test_scatter_add_long_buckets(dtype, rng):
             assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_scatter_add_staged_buckets(dtype, rng):
+    """Rows of 600: a block of 256 outputs within one bucket stages the bucket's positions in
+    shared memory, 512 at a time (buckets of ~670 rows: two chunks), a block across two buckets
+    walks them itself, the last block is partial: the CPU's bits in float32 and float64."""
+    t = getattr(torch, dtype)
+    src = torch.from_numpy(rng.standard_normal((2000, 600))).to(t)
+    index = torch.from_numpy(rng.integers(0, 3, 2000))
+    want = opforge.torch.scatter_add(src, index, 3, 0)
+    got = opforge.torch.scatter_add(src.to(DEVICE), index.to(DEVICE), 3, 0).cpu()
+    if dtype == "bfloat16":
+        torch.testing.assert_close(got, want, rtol=2.0**-7, atol=1e-2)
+    else:
+        assert torch.equal(got, want)
+
+
 def test_out_of_memory_is_reported_once():
     """A workspace the device cannot hold raises a RuntimeError naming the op; the next op is not
     blamed for it (the runtime keeps a failed call's status as its last error until someone reads
