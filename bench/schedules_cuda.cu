@@ -111,49 +111,72 @@ void launch_map(const Buffers<T>& b, int s, cudaStream_t stream) {
   cuda::launch_map_contiguous<T, 1, F, S>(b.out[s], in, b.rows * b.n, F{}, stream);
 }
 
+std::string access_name(cuda::PlainAccess) { return "plain"; }
+std::string access_name(cuda::OrderedAccess) { return "ordered stores"; }
+std::string access_name(cuda::StreamingAccess) { return "streaming"; }
+
+template <int kPacks, class Access>
+std::string row_label(const char* own) {
+  return std::to_string(kPacks) + " packs " + access_name(Access{}) + own;
+}
+
 template <typename T, int kPacks, class Access>
-void add_norms(std::vector<Schedule<T>>& list, int64_t rows, int64_t n, const char* access) {
-  const std::string label = std::to_string(kPacks) + " packs " + access;
-  const int threads = cuda::row_threads(n, sizeof(T), kPacks);
-  const double x_bytes = 2.0 * rows * n * sizeof(T), column_bytes = double(n) * sizeof(T);
-  list.push_back({"rms_norm", label, reinterpret_cast<const void*>(rms_norm_cuda::cached_kernel<T, kPacks, Access>),
-                  threads, x_bytes + column_bytes, launch_rms_norm<T, kPacks, Access>});
-  list.push_back({"layer_norm", label,
-                  reinterpret_cast<const void*>(layer_norm_cuda::cached_kernel<T, kPacks, Access>), threads,
-                  x_bytes + 2 * column_bytes, launch_layer_norm<T, kPacks, Access>});
+void add_rms_norm(std::vector<Schedule<T>>& list, int64_t rows, int64_t n, const char* own = "") {
+  list.push_back({"rms_norm", row_label<kPacks, Access>(own),
+                  reinterpret_cast<const void*>(rms_norm_cuda::cached_kernel<T, kPacks, Access>),
+                  cuda::row_threads(n, sizeof(T), kPacks), (2.0 * rows * n + n) * sizeof(T),
+                  launch_rms_norm<T, kPacks, Access>});
+}
+
+template <typename T, int kPacks, class Access>
+void add_layer_norm(std::vector<Schedule<T>>& list, int64_t rows, int64_t n, const char* own = "") {
+  list.push_back({"layer_norm", row_label<kPacks, Access>(own),
+                  reinterpret_cast<const void*>(layer_norm_cuda::cached_kernel<T, kPacks, Access>),
+                  cuda::row_threads(n, sizeof(T), kPacks), (2.0 * rows * n + 2.0 * n) * sizeof(T),
+                  launch_layer_norm<T, kPacks, Access>});
+}
+
+template <typename T, int kPacks, class Access>
+void add_norms(std::vector<Schedule<T>>& list, int64_t rows, int64_t n) {
+  add_rms_norm<T, kPacks, Access>(list, rows, n);
+  add_layer_norm<T, kPacks, Access>(list, rows, n);
 }
 
 template <typename T, class S>
-void add_map(std::vector<Schedule<T>>& list, int64_t rows, int64_t n, const char* access) {
+void add_map(std::vector<Schedule<T>>& list, int64_t rows, int64_t n, const char* own = "") {
   const std::string label = std::to_string(S::kPacks) + " packs " + (S::kTiled ? "tiled" : "a grid apart") + ", " +
-                            std::to_string(S::kThreads) + " threads, " + access;
+                            std::to_string(S::kThreads) + " threads, " + access_name(typename S::Access{}) + own;
   list.push_back({"silu", label, reinterpret_cast<const void*>(cuda::map_contiguous<T, 1, cuda::Silu, S>), S::kThreads,
                   2.0 * rows * n * sizeof(T), launch_map<T, cuda::Silu, S>});
   list.push_back({"copy", label, reinterpret_cast<const void*>(cuda::map_contiguous<T, 1, Copy, S>), S::kThreads,
                   2.0 * rows * n * sizeof(T), launch_map<T, Copy, S>});
 }
 
-// Each op's own schedule first: the others of that op are compared with it.
+// Each op's own schedule first: the others of that op are compared with it. The own schedule is
+// also among the others, timed as an entry of its own: its ratio to itself is the noise.
 template <typename T>
 std::vector<Schedule<T>> schedules(int64_t rows, int64_t n) {
   using cuda::MapSchedule, cuda::OrderedAccess, cuda::PlainAccess, cuda::StreamingAccess;
   std::vector<Schedule<T>> list;
-  add_norms<T, cuda::kRowPacks, PlainAccess>(list, rows, n, "plain (the ops')");
-  add_norms<T, 2, PlainAccess>(list, rows, n, "plain");
-  add_norms<T, 8, PlainAccess>(list, rows, n, "plain");
-  add_norms<T, 16, PlainAccess>(list, rows, n, "plain");
-  add_norms<T, cuda::kRowPacks, OrderedAccess>(list, rows, n, "ordered stores");
-  add_norms<T, 8, OrderedAccess>(list, rows, n, "ordered stores");
-  add_norms<T, cuda::kRowPacks, StreamingAccess>(list, rows, n, "streaming");
-  add_norms<T, 8, StreamingAccess>(list, rows, n, "streaming");
-  add_map<T, MapSchedule<>>(list, rows, n, "plain (the ops')");
-  add_map<T, MapSchedule<2>>(list, rows, n, "plain");
-  add_map<T, MapSchedule<8>>(list, rows, n, "plain");
-  add_map<T, MapSchedule<4, true>>(list, rows, n, "plain");
-  add_map<T, MapSchedule<2, true, PlainAccess, 128>>(list, rows, n, "plain");
-  add_map<T, MapSchedule<4, false, PlainAccess, 128>>(list, rows, n, "plain");
-  add_map<T, MapSchedule<4, false, StreamingAccess>>(list, rows, n, "streaming");
-  add_map<T, MapSchedule<4, true, StreamingAccess>>(list, rows, n, "streaming");
+  add_rms_norm<T, rms_norm_cuda::kOwnPacks, rms_norm_cuda::OwnAccess>(list, rows, n, " (the op's)");
+  add_layer_norm<T, layer_norm_cuda::kOwnPacks, layer_norm_cuda::OwnAccess>(list, rows, n, " (the op's)");
+  add_norms<T, 2, PlainAccess>(list, rows, n);
+  add_norms<T, 4, PlainAccess>(list, rows, n);
+  add_norms<T, 8, PlainAccess>(list, rows, n);
+  add_norms<T, 16, PlainAccess>(list, rows, n);
+  add_norms<T, 4, OrderedAccess>(list, rows, n);
+  add_norms<T, 8, OrderedAccess>(list, rows, n);
+  add_norms<T, 4, StreamingAccess>(list, rows, n);
+  add_norms<T, 8, StreamingAccess>(list, rows, n);
+  add_map<T, MapSchedule<>>(list, rows, n, " (the ops')");
+  add_map<T, MapSchedule<2, false, PlainAccess, 256>>(list, rows, n);
+  add_map<T, MapSchedule<4, false, PlainAccess, 256>>(list, rows, n);
+  add_map<T, MapSchedule<8, false, PlainAccess, 256>>(list, rows, n);
+  add_map<T, MapSchedule<4, true, PlainAccess, 256>>(list, rows, n);
+  add_map<T, MapSchedule<2, true, PlainAccess, 128>>(list, rows, n);
+  add_map<T, MapSchedule<4, false, PlainAccess, 128>>(list, rows, n);
+  add_map<T, MapSchedule<4, false, StreamingAccess, 256>>(list, rows, n);
+  add_map<T, MapSchedule<4, true, StreamingAccess, 256>>(list, rows, n);
   return list;
 }
 

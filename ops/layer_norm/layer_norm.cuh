@@ -13,6 +13,11 @@ namespace opforge::layer_norm_cuda {
 
 constexpr int kThreads = 256;  // for strided rows
 
+// The schedule the op runs cached_kernel with: packs per thread and their loads and stores.
+// bench/schedules_cuda.cu times other schedules beside this one; adopting one is changing these.
+constexpr int kOwnPacks = cuda::kRowPacks;
+using OwnAccess = cuda::PlainAccess;
+
 template <typename T, class Row>
 __device__ __forceinline__ void normalize(T* out, const Row& row, const T* first, const T* w, int64_t w_step,
                                           const T* b, int64_t b_step, int64_t n, double eps) {
