@@ -210,6 +210,7 @@ bool run(const char* dtype, int64_t rows, int64_t n, int sets, float copy_gbps, 
   }
   b.w = device_array<T>(n, 7);
   b.b = device_array<T>(n, 8);
+  check(cudaDeviceSynchronize(), "fill");  // the fills ran on the legacy stream, the schedules will not
   const std::vector<Schedule<T>> list = schedules<T>(rows, n);
   std::map<std::string, size_t> own;  // op -> its own schedule's place in the list
   for (size_t i = 0; i < list.size(); ++i) own.emplace(list[i].op, i);
