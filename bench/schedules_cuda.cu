@@ -15,7 +15,7 @@
 //
 // Built and run by scripts/gpu_check.sh (step schedules), or by hand from the repository root:
 //   nvcc -O3 -std=c++20 -arch=native -Iinclude -I. bench/schedules_cuda.cu -o build/schedules_cuda
-//   build/schedules_cuda [out.csv] [rows] [cols]
+//   build/schedules_cuda [out.csv] [rows] [cols] [repeats]
 // Timing: CUDA events around each launch, the schedules interleaved call by call, inputs rotated
 // past three times the L2, median of 30 calls. Every schedule's output is compared with the ops'
 // own on the same input (the norms' sums are added in another order: float rounding apart; the
@@ -64,7 +64,7 @@ template <typename T>
 T* device_array(int64_t n, uint32_t seed) {
   T* p = nullptr;
   check(cudaMalloc(&p, n * sizeof(T)), "cudaMalloc");
-  fill<<<1024, 256>>>(p, n, seed);
+  fill<<<static_cast<unsigned>(std::min<int64_t>(1024, (n + 255) / 256 + 1)), 256>>>(p, n, seed);
   check(cudaGetLastError(), "fill");
   return p;
 }
@@ -319,11 +319,12 @@ float copy_gbps(int64_t bytes, int repeats) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// main's work; the CUDA emulator's test of this program calls it at a toy size.
+int schedules_cuda_main(int argc, char** argv) {
   const char* csv_path = argc > 1 ? argv[1] : nullptr;
   const int64_t rows = argc > 2 ? std::atoll(argv[2]) : 16384;
   const int64_t n = argc > 3 ? std::atoll(argv[3]) : 4096;
-  const int repeats = 30;
+  const int repeats = argc > 4 ? std::atoi(argv[4]) : 30;
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "device");
   // Enough input/output sets that a call's reads are not in the L2 from the calls before.
@@ -362,3 +363,7 @@ int main(int argc, char** argv) {
   }
   return ok ? 0 : 1;
 }
+
+#ifndef CUDA_EMU_ARCH
+int main(int argc, char** argv) { return schedules_cuda_main(argc, argv); }
+#endif

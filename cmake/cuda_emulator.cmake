@@ -10,6 +10,7 @@ set(mirror ${CMAKE_CURRENT_BINARY_DIR}/cuda_emulated)
 file(GLOB emulated_inputs CONFIGURE_DEPENDS RELATIVE ${CMAKE_CURRENT_SOURCE_DIR}
      include/opforge/cuda/*.cuh ops/*/*.cu ops/*/*.cuh tests/cuda_emulator/*.cu)
 list(APPEND emulated_inputs src/backends/cuda_backend.cu)  # the emulated devices' backend
+list(APPEND emulated_inputs bench/schedules_cuda.cu)  # a GPU program; its test runs it here
 if(OPFORGE_CUBLASLT_INCLUDE_DIR)
   list(REMOVE_ITEM emulated_inputs tests/cuda_emulator/blaslt_standin.cu)
   list(APPEND emulated_inputs src/backends/cublaslt.cu)

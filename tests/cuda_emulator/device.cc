@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -93,6 +94,9 @@ void release(void* p) {
 
 size_t set_allocation_limit(size_t bytes) { return allocation_limit.exchange(bytes); }
 
+std::atomic<bool> cuda_malloc_allowed{false};
+bool allow_cuda_malloc(bool allowed) { return cuda_malloc_allowed.exchange(allowed); }
+
 namespace {
 std::atomic<const void*> capturing{nullptr};
 
@@ -175,9 +179,11 @@ size_t live_events() {
 
 }  // namespace cuda_emu
 
-// An event: the device current when it was made (it records on that device's streams only).
+// An event: the device current when it was made (it records on that device's streams only), and
+// when it was last recorded (every call before it has finished: the host's clock is the device's).
 struct CUevent_st {
   int device;
+  std::chrono::steady_clock::time_point recorded{};
 };
 
 // A memory pool: its device, its release threshold, and the allocations made from it.
@@ -225,8 +231,11 @@ extern "C" {
 cudaError_t cudaMallocAsync(void**, size_t, cudaStream_t) {
   throw cuda_emu::KernelFault("cudaMallocAsync: opforge allocates from its pool (opforge/cuda/scratch.h) or the caller's allocator");
 }
-cudaError_t cudaMalloc(void**, size_t) {
-  throw cuda_emu::KernelFault("cudaMalloc: synchronizes the device; opforge allocates from its pool");
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  if (!cuda_emu::cuda_malloc_allowed.load())
+    throw cuda_emu::KernelFault("cudaMalloc: synchronizes the device; opforge allocates from its pool");
+  *p = bytes > cuda_emu::allocation_limit.load() ? nullptr : cuda_emu::allocate(bytes);
+  return *p ? cudaSuccess : cuda_emu::fail_with(cudaErrorMemoryAllocation);
 }
 cudaError_t cudaMemPoolCreate(cudaMemPool_t* pool, const cudaMemPoolProps* props) {
   if (props->location.type != cudaMemLocationTypeDevice || props->location.id < 0 ||
@@ -273,6 +282,33 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) { return cudaFreeAsync(p, nullptr); }
+// What bench/schedules_cuda.cu asks of the runtime besides the kernels' calls (its test runs it
+// here): a stream (every call completes before it returns, so one stream is as good as another),
+// the device's properties, a kernel's registers and blocks per SM (none measured here: zeros, and
+// as many blocks as 2048 threads make).
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  static char streams[64];
+  static std::atomic<int> next{0};
+  *stream = reinterpret_cast<cudaStream_t>(streams + next++ % 64);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device < 0 || device >= cuda_emu::kDevices) return cuda_emu::fail_with(cudaErrorInvalidDevice);
+  *prop = cudaDeviceProp{};
+  std::strncpy(prop->name, "CUDA emulator", sizeof(prop->name) - 1);
+  prop->major = 9;
+  prop->multiProcessorCount = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void*) {
+  *attr = cudaFuncAttributes{};
+  return cudaSuccess;
+}
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void*, int block_size, size_t) {
+  *blocks = block_size > 0 ? 2048 / block_size : 0;
+  return cudaSuccess;
+}
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (device < 0 || device >= cuda_emu::kDevices) return cuda_emu::fail_with(cudaErrorInvalidDevice);
   if (attr != cudaDevAttrComputeCapabilityMajor) return cuda_emu::fail_with(cudaErrorInvalidValue);
@@ -340,8 +376,15 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlag
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   cuda_emu::record_stream_use("cudaEventRecord", stream);
   // On the GPU: an error (a stream of another device than the event's).
-  if (cuda_emu::live_event(event, "cudaEventRecord")->device != cuda_emu::current)
-    return cuda_emu::fail_with(cudaErrorInvalidResourceHandle);
+  CUevent_st* e = cuda_emu::live_event(event, "cudaEventRecord");
+  if (e->device != cuda_emu::current) return cuda_emu::fail_with(cudaErrorInvalidResourceHandle);
+  e->recorded = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  const auto from = cuda_emu::live_event(start, "cudaEventElapsedTime")->recorded;
+  const auto to = cuda_emu::live_event(end, "cudaEventElapsedTime")->recorded;
+  *ms = std::chrono::duration<float, std::milli>(to - from).count();
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {

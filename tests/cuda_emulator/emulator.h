@@ -26,6 +26,9 @@ size_t live_allocations();  // allocate()/cudaMallocAsync minus release()/cudaFr
 // cudaMallocAsync refuses more than this with cudaErrorMemoryAllocation (default 8 GiB), so a test
 // can take the out-of-memory path; returns the previous limit.
 size_t set_allocation_limit(size_t bytes);
+// cudaMalloc is refused (it waits for the device; opforge's code allocates from its pool) unless
+// allowed, as for a standalone GPU program (bench/schedules_cuda.cu); returns the previous setting.
+bool allow_cuda_malloc(bool allowed);
 // A cudaMemcpyAsync from device memory into host memory lands at the next synchronize (stream,
 // device or event), not before: host code that reads it without waiting reads stale bytes. The
 // copies not yet landed (dropped by the call: nobody waited for them).

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -181,6 +183,55 @@ TEST(MapSchedules, EveryScheduleComputesTheElementwiseOps) {
   expect_map_schedule_computes<MapSchedule<4, false, PlainAccess, 128>>("4 packs, 128 threads");
   expect_map_schedule_computes<MapSchedule<4, false, StreamingAccess>>("4 packs streaming");
   expect_map_schedule_computes<MapSchedule<4, true, StreamingAccess>>("4 packs tiled streaming");
+}
+
+}  // namespace
+
+int schedules_cuda_main(int argc, char** argv);  // bench/schedules_cuda.cu
+
+namespace {
+
+// bench/schedules_cuda.cu's own code, a GPU program, run here at a toy size (the emulator's times
+// mean nothing): every schedule runs, its output agrees with its op's own (else it exits 1), and
+// each gets its table row and CSV line, the ops' own first.
+TEST(Schedules, TheBenchmarkRunsEverySchedule) {
+  std::string csv = ::testing::TempDir() + "schedules_cuda.csv";
+  std::string prog = "schedules_cuda", rows = "6", cols = "512", repeats = "2";
+  char* argv[] = {prog.data(), csv.data(), rows.data(), cols.data(), repeats.data()};
+  const bool allowed = cuda_emu::allow_cuda_malloc(true);  // a standalone program's allocations
+  int rc = -1;
+  ::testing::internal::CaptureStdout();
+  try {
+    rc = schedules_cuda_main(5, argv);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "schedules_cuda: " << e.what();
+  }
+  const std::string table = ::testing::internal::GetCapturedStdout();
+  cuda_emu::allow_cuda_malloc(allowed);
+  cuda_emu::take_stream_uses();
+  cuda_emu::take_launches();
+  ASSERT_EQ(rc, 0) << table;
+  std::ifstream in(csv);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_GT(lines.size(), 2u);
+  EXPECT_EQ(lines[0].rfind("device,op,dtype,schedule,", 0), 0u) << lines[0];
+  std::map<std::string, int> per_op_dtype;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const std::string& l = lines[i];
+    EXPECT_EQ(l.rfind("CUDA emulator,", 0), 0u) << l;
+    const size_t op_end = l.find(',', 14), dtype_end = l.find(',', op_end + 1);
+    ++per_op_dtype[l.substr(14, dtype_end - 14)];
+  }
+  // rms_norm and layer_norm: the op's own and 2/4/8/16 plain, 4/8 ordered, 4/8 streaming; silu and
+  // copy: the ops' own and 8 others; in both dtypes.
+  for (const char* dtype : {"float32", "bfloat16"}) {
+    for (const char* op : {"rms_norm", "layer_norm"}) EXPECT_EQ((per_op_dtype[std::string(op) + "," + dtype]), 9) << op;
+    for (const char* op : {"silu", "copy"}) EXPECT_EQ((per_op_dtype[std::string(op) + "," + dtype]), 9) << op;
+  }
+  EXPECT_NE(table.find("| rms_norm | float32 | 4 packs plain (the op's) |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| silu | bfloat16 | 4 packs a grid apart, 256 threads, plain (the ops') |"), std::string::npos)
+      << table;
 }
 
 }  // namespace
