@@ -8,8 +8,10 @@
 // - the elementwise kernel (cuda::map_contiguous, with silu's functor and as a plain copy): packs
 //   per thread, a thread's packs a grid apart (the ops' own) or each block's packs one contiguous
 //   tile (as Triton lays out inductor's pointwise kernels), block size, streaming loads and stores.
+// - matmul_q for one token (ops/matmul_q/matmul_q.cuh): one launch, the gemv quantizing the row
+//   itself (the op's way since 6e5da0d, untimed), and two, x quantized into a workspace first.
 // The H200 run at db57f81 had the norms at 95-97% of the copy, 0.95-0.96x torch.compile's kernels,
-// and silu/relu at 97-98%, 0.97-0.98x. Each schedule's blocks per SM (registers decide it for the
+// silu/relu at 97-98%, 0.97-0.98x, and a token's matmul_q at 25.6 us in either format. Each schedule's blocks per SM (registers decide it for the
 // norms: a row's bytes in flight live in them), registers and local memory per thread are printed
 // beside its time.
 //
@@ -27,12 +29,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
+#include <random>
+
 #include "opforge/cuda/activation.cuh"
 #include "ops/layer_norm/layer_norm.cuh"
+#include "ops/matmul_q/matmul_q.cuh"
 #include "ops/rms_norm/rms_norm.cuh"
 
 namespace {
@@ -194,6 +200,43 @@ std::vector<float> to_host(const T* p, int64_t n) {
   return out;
 }
 
+// The median time (us) of each launch (null: not run, 0), the launches interleaved call by call
+// (launch(s) runs on input set s; a round's calls each take the next set), after two rounds of
+// warm-up: drift in the machine's speed lands on every schedule alike.
+std::vector<float> median_times(const std::vector<std::function<void(int)>>& launches, int sets, int repeats,
+                                cudaStream_t stream) {
+  const size_t count = launches.size();
+  std::vector<std::vector<float>> times(count);
+  std::vector<cudaEvent_t> starts(count), ends(count);
+  for (size_t i = 0; i < count; ++i) {
+    check(cudaEventCreate(&starts[i]), "event");
+    check(cudaEventCreate(&ends[i]), "event");
+  }
+  for (int r = -2; r < repeats; ++r) {
+    for (size_t i = 0; i < count; ++i) {
+      if (!launches[i]) continue;
+      check(cudaEventRecord(starts[i], stream), "record");
+      launches[i]((r + 2 + int(i)) % sets);
+      check(cudaGetLastError(), "a timed launch");
+      check(cudaEventRecord(ends[i], stream), "record");
+    }
+    check(cudaStreamSynchronize(stream), "timed launches");
+    for (size_t i = 0; r >= 0 && i < count; ++i) {
+      if (!launches[i]) continue;
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, starts[i], ends[i]), "elapsed");
+      times[i].push_back(ms * 1e3f);
+    }
+  }
+  std::vector<float> medians(count, 0.0f);
+  for (size_t i = 0; i < count; ++i) {
+    if (!times[i].empty()) medians[i] = median(times[i]);
+    cudaEventDestroy(starts[i]);
+    cudaEventDestroy(ends[i]);
+  }
+  return medians;
+}
+
 struct Row {
   std::string op, dtype, schedule;
   int threads, regs, local_bytes, blocks_per_sm;
@@ -244,29 +287,11 @@ bool run(const char* dtype, int64_t rows, int64_t n, int sets, float copy_gbps, 
     }
   }
 
-  // Times: every schedule once per round, the rounds rotating the input sets.
-  std::vector<std::vector<float>> times(list.size());
-  std::vector<cudaEvent_t> starts(list.size()), ends(list.size());
-  for (size_t i = 0; i < list.size(); ++i) {
-    check(cudaEventCreate(&starts[i]), "event");
-    check(cudaEventCreate(&ends[i]), "event");
-  }
-  for (int r = -2; r < repeats; ++r) {  // two rounds of warm-up
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (!list[i].threads) continue;
-      check(cudaEventRecord(starts[i], stream), "record");
-      list[i].launch(b, (r + 2 + int(i)) % sets, stream);
-      check(cudaGetLastError(), list[i].label.c_str());
-      check(cudaEventRecord(ends[i], stream), "record");
-    }
-    check(cudaStreamSynchronize(stream), "timed launches");
-    for (size_t i = 0; r >= 0 && i < list.size(); ++i) {
-      if (!list[i].threads) continue;
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, starts[i], ends[i]), "elapsed");
-      times[i].push_back(ms * 1e3f);
-    }
-  }
+  std::vector<std::function<void(int)>> launches;
+  for (const Schedule<T>& sc : list)
+    launches.push_back(sc.threads ? std::function<void(int)>([&b, &sc, stream](int s) { sc.launch(b, s, stream); })
+                                  : std::function<void(int)>());
+  const std::vector<float> us_of = median_times(launches, sets, repeats, stream);
 
   for (size_t i = 0; i < list.size(); ++i) {
     if (!list[i].threads) continue;
@@ -274,15 +299,11 @@ bool run(const char* dtype, int64_t rows, int64_t n, int sets, float copy_gbps, 
     check(cudaFuncGetAttributes(&attr, list[i].kernel), "attributes");
     int blocks = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, list[i].kernel, list[i].threads, 0), "occupancy");
-    const float us = median(times[i]);
+    const float us = us_of[i];
     const float gbps = static_cast<float>(list[i].bytes / (us * 1e3));
     table.push_back({list[i].op, dtype, list[i].label, list[i].threads, attr.numRegs,
                      static_cast<int>(attr.localSizeBytes), blocks, us, gbps, 100.0f * gbps / copy_gbps,
-                     median(times[own[list[i].op]]) / us, diffs[i]});
-  }
-  for (size_t i = 0; i < list.size(); ++i) {
-    cudaEventDestroy(starts[i]);
-    cudaEventDestroy(ends[i]);
+                     us_of[own[list[i].op]] / us, diffs[i]});
   }
   for (int s = 0; s < sets; ++s) {
     cudaFree(b.x[s]);
@@ -290,6 +311,91 @@ bool run(const char* dtype, int64_t rows, int64_t n, int sets, float copy_gbps, 
   }
   cudaFree(b.w);
   cudaFree(b.b);
+  cudaStreamDestroy(stream);
+  return ok;
+}
+
+// matmul_q for one token (1 x k activations, n x k weights in format F, float32): in one launch,
+// the gemv quantizing x itself (the op's way where matmul_q_cuda::fuses_row), and in two, x
+// quantized into a workspace first. Both must give the same bits (the CPU's). Weights rotated
+// past three times the L2 (10-20 MB each at k = n = 4096). Returns false if the outputs differ.
+template <quant::Format F>
+bool run_matmul_q(int64_t n, int64_t k, int64_t l2_bytes, float copy_gbps, int repeats, std::vector<Row>& table) {
+  namespace mq = matmul_q_cuda;
+  const int64_t nb = k / quant::kBlock, w_bytes = n * nb * quant::block_bytes(F);
+  // Random quants, scales of 1e-3 to 1e-1 (fp16), on the host once, then copies on the device.
+  std::vector<uint8_t> host(w_bytes);
+  std::mt19937 gen(5);
+  for (uint8_t& byte : host) byte = static_cast<uint8_t>(gen());
+  std::uniform_real_distribution<float> scale(1e-3f, 1e-1f);
+  for (int64_t blk = 0; blk < n * nb; ++blk) {
+    const __half d = __float2half(scale(gen));
+    std::memcpy(&host[blk * quant::block_bytes(F)], &d, 2);
+  }
+  const int sets = static_cast<int>(std::max<int64_t>(2, 3 * l2_bytes / w_bytes + 1));
+  std::vector<uint8_t*> w(sets);
+  for (uint8_t*& p : w) {
+    check(cudaMalloc(&p, w_bytes), "cudaMalloc");
+    check(cudaMemcpy(p, host.data(), w_bytes, cudaMemcpyHostToDevice), "weights");
+  }
+  float* x = device_array<float>(k, 3);
+  float *y = nullptr, *workspace = nullptr;
+  check(cudaMalloc(&y, n * sizeof(float)), "cudaMalloc");
+  check(cudaMalloc(&workspace, mq::quantized_x_bytes(nb)), "cudaMalloc");
+  check(cudaDeviceSynchronize(), "fill");
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  cuda::BlockWalk walk;
+  walk.nb = nb;
+  walk.packed = cuda::aligned16(x);
+  const mq::QuantizedX xq = mq::quantized_x_at(workspace, nb);
+  const bool own_fused = mq::fuses_row(1, nb);
+  struct Way {
+    std::string label;
+    bool fused;
+    const void* kernel;
+  };
+  std::vector<Way> ways;
+  if (mq::fuses_row(1, nb)) ways.push_back({"one launch", true, reinterpret_cast<const void*>(mq::gemv_kernel<F, float, 1, true>)});
+  ways.push_back({"two launches", false, reinterpret_cast<const void*>(mq::gemv_kernel<F, float, 1, false>)});
+  std::vector<std::function<void(int)>> launches;
+  std::vector<std::vector<float>> outputs;
+  for (const Way& way : ways) {
+    const auto launch = [&, fused = way.fused](int s) {
+      const mq::WeightView wv = mq::weight_view(w[s], nb * quant::block_bytes(F), 1, F, nb);
+      mq::launch_product<float>(y, x, walk, wv, fused ? mq::QuantizedX{} : xq, F, 1, n, nb, fused, stream);
+    };
+    launch(0);
+    check(cudaGetLastError(), way.label.c_str());
+    check(cudaStreamSynchronize(stream), way.label.c_str());
+    outputs.push_back(to_host(y, n));
+    launches.push_back(launch);
+  }
+  bool ok = true;
+  float diff = 0.0f;
+  for (int64_t c = 0; c < n; ++c) diff = std::max(diff, std::fabs(outputs.back()[c] - outputs.front()[c]));
+  if (!(diff == 0.0f)) {
+    std::fprintf(stderr, "schedules_cuda: matmul_q %s: one launch and two differ by %g\n", quant::format_name(F), diff);
+    ok = false;
+  }
+  const std::vector<float> us = median_times(launches, sets, repeats, stream);
+  const std::string op = std::string("matmul_q ") + quant::format_name(F) + " 1x" + std::to_string(k) + " @ " +
+                         std::to_string(n) + "x" + std::to_string(k) + "^T";
+  const double bytes = double(w_bytes) + 4.0 * (k + n);
+  for (size_t i = 0; i < ways.size(); ++i) {
+    cudaFuncAttributes attr{};
+    check(cudaFuncGetAttributes(&attr, ways[i].kernel), "attributes");
+    int blocks = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, ways[i].kernel, mq::kThreads, 0), "occupancy");
+    const float gbps = static_cast<float>(bytes / (us[i] * 1e3));
+    table.push_back({op, "float32", ways[i].label + (ways[i].fused == own_fused ? " (the op's)" : ""), mq::kThreads,
+                     attr.numRegs, static_cast<int>(attr.localSizeBytes), blocks, us[i], gbps,
+                     100.0f * gbps / copy_gbps, us[0] / us[i], i ? diff : 0.0f});
+  }
+  for (uint8_t* p : w) cudaFree(p);
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(workspace);
   cudaStreamDestroy(stream);
   return ok;
 }
@@ -337,6 +443,8 @@ int schedules_cuda_main(int argc, char** argv) {
   std::vector<Row> table;
   bool ok = run<float>("float32", rows, n, sets, copy, repeats, table);
   ok = run<__nv_bfloat16>("bfloat16", rows, n, sets, copy, repeats, table) && ok;
+  ok = run_matmul_q<quant::Format::q4_0>(n, n, prop.l2CacheSize, copy, repeats, table) && ok;
+  ok = run_matmul_q<quant::Format::q8_0>(n, n, prop.l2CacheSize, copy, repeats, table) && ok;
 
   std::printf("\n| op | dtype | schedule | threads | registers | local bytes | blocks/SM | us | GB/s | %% of copy |"
               " vs the op's own | max diff |\n");

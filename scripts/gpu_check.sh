@@ -180,8 +180,9 @@ step test_cuda 150 "${pytest_parallel[@]}" -rfEs tests/python/test_cuda.py
 bench_budget=${GPU_CHECK_BENCH_S:-120}
 step bench $((bench_budget + 60)) "$PY" bench/bench_gpu.py --mib 256 --repeats 30 --out "$RESULTS" --budget-s "$bench_budget"
 # The norms' and the elementwise kernels under other schedules (packs per thread, layouts,
-# accesses) beside the ops' own, compiled from the same headers (bench/schedules_cuda.cu): its
-# table into $RESULTS/schedules_cuda.md, its CSV into the logs' archive.
+# accesses), and a token's matmul_q in one launch and in two, beside the ops' own, compiled from
+# the same headers (bench/schedules_cuda.cu): its table into $RESULTS/schedules_cuda.md, its CSV
+# into the logs' archive.
 nvcc_bin=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 lab_includes=(-Iinclude -I.)
 [[ -d build/gpu-deps/include ]] && lab_includes+=(-Ibuild/gpu-deps/include)

@@ -192,8 +192,9 @@ int schedules_cuda_main(int argc, char** argv);  // bench/schedules_cuda.cu
 namespace {
 
 // bench/schedules_cuda.cu's own code, a GPU program, run here at a toy size (the emulator's times
-// mean nothing): every schedule runs, its output agrees with its op's own (else it exits 1), and
-// each gets its table row and CSV line, the ops' own first.
+// mean nothing): every schedule runs, its output agrees with its op's own (else it exits 1; one
+// token's matmul_q in one launch and in two: bit for bit), and each gets its table row and CSV
+// line, the ops' own first.
 TEST(Schedules, TheBenchmarkRunsEverySchedule) {
   std::string csv = ::testing::TempDir() + "schedules_cuda.csv";
   std::string prog = "schedules_cuda", rows = "6", cols = "512", repeats = "2";
@@ -229,6 +230,11 @@ TEST(Schedules, TheBenchmarkRunsEverySchedule) {
     for (const char* op : {"rms_norm", "layer_norm"}) EXPECT_EQ((per_op_dtype[std::string(op) + "," + dtype]), 9) << op;
     for (const char* op : {"silu", "copy"}) EXPECT_EQ((per_op_dtype[std::string(op) + "," + dtype]), 9) << op;
   }
+  // matmul_q for one token, one launch (the op's) and two, in both formats.
+  for (const char* format : {"q4_0", "q8_0"})
+    EXPECT_EQ((per_op_dtype[std::string("matmul_q ") + format + " 1x512 @ 512x512^T,float32"]), 2) << format;
+  EXPECT_NE(table.find("| matmul_q q4_0 1x512 @ 512x512^T | float32 | one launch (the op's) |"), std::string::npos)
+      << table;
   EXPECT_NE(table.find("| rms_norm | float32 | 4 packs plain (the op's) |"), std::string::npos) << table;
   EXPECT_NE(table.find("| silu | bfloat16 | 4 packs a grid apart, 256 threads, plain (the ops') |"), std::string::npos)
       << table;
