@@ -201,8 +201,9 @@ std::vector<float> to_host(const T* p, int64_t n) {
 }
 
 // The median time (us) of each launch (null: not run, 0), the launches interleaved call by call
-// (launch(s) runs on input set s; a round's calls each take the next set), after two rounds of
-// warm-up: drift in the machine's speed lands on every schedule alike.
+// (launch(s) runs on input set s; each call takes the next set), after two rounds of
+// warm-up: drift in the machine's speed lands on every schedule alike, and the round's first
+// launch (after the wait for the last round) is a different one each round.
 std::vector<float> median_times(const std::vector<std::function<void(int)>>& launches, int sets, int repeats,
                                 cudaStream_t stream) {
   const size_t count = launches.size();
@@ -212,11 +213,13 @@ std::vector<float> median_times(const std::vector<std::function<void(int)>>& lau
     check(cudaEventCreate(&starts[i]), "event");
     check(cudaEventCreate(&ends[i]), "event");
   }
+  int64_t calls = 0;  // consecutive calls take consecutive input sets
   for (int r = -2; r < repeats; ++r) {
-    for (size_t i = 0; i < count; ++i) {
+    for (size_t j = 0; j < count; ++j) {
+      const size_t i = (j + size_t(r + 2)) % count;  // each round starts one further on: no launch always first
       if (!launches[i]) continue;
       check(cudaEventRecord(starts[i], stream), "record");
-      launches[i]((r + 2 + int(i)) % sets);
+      launches[i](int(calls++ % sets));
       check(cudaGetLastError(), "a timed launch");
       check(cudaEventRecord(ends[i], stream), "record");
     }
