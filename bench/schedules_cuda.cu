@@ -4,7 +4,9 @@
 // - the norms' one-row-per-block kernels (ops/rms_norm/rms_norm.cuh, ops/layer_norm/layer_norm.cuh):
 //   packs per thread (cuda::CachedRow's kPacks: 2, 4 = the ops' own, 8, 16; fewer threads per row,
 //   more registers each), stores the compiler may not hoist the next pack's weight loads above
-//   (fewer registers: float32 layer_norm 52 -> 40), streaming (evict-first) loads and stores;
+//   (fewer registers: float32 layer_norm 52 -> 40), streaming (evict-first) loads and stores, and
+//   the row staged in shared memory by cp.async instead of registers (cuda::StagedRow: an SM
+//   holds as many rows as its shared memory does, not as its registers do);
 // - the elementwise kernel (cuda::map_contiguous, with silu's functor and as a plain copy): packs
 //   per thread, a thread's packs a grid apart (the ops' own) or each block's packs one contiguous
 //   tile (as Triton lays out inductor's pointwise kernels), block size, streaming loads and stores.
@@ -105,6 +107,34 @@ void launch_layer_norm(const Buffers<T>& b, int s, cudaStream_t stream) {
                                                       0, stream>>>(b.out[s], b.x[s], b.w, 1, b.b, 1, b.rows, b.n, 1e-5);
 }
 
+// The norms with each row staged in shared memory by cp.async (cuda::StagedRow) where the ops keep
+// it in registers: the op's own normalize(), another row type.
+template <typename T, int kPacks>
+__global__ void __launch_bounds__(cuda::kMaxRowThreads)
+    rms_norm_staged(T* out, const T* x, const T* w, int64_t rows, int64_t n, double eps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    rms_norm_cuda::normalize(out + r * n, cuda::StagedRow<T, kPacks>(x + r * n, n), w, 1, n, eps);
+}
+
+template <typename T, int kPacks>
+__global__ void __launch_bounds__(cuda::kMaxRowThreads)
+    layer_norm_staged(T* out, const T* x, const T* w, const T* b, int64_t rows, int64_t n, double eps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    layer_norm_cuda::normalize(out + r * n, cuda::StagedRow<T, kPacks>(x + r * n, n), x + r * n, w, 1, b, 1, n, eps);
+}
+
+template <typename T, int kPacks>
+void launch_rms_norm_staged(const Buffers<T>& b, int s, cudaStream_t stream) {
+  rms_norm_staged<T, kPacks><<<cuda::row_blocks(b.rows), cuda::row_threads(b.n, sizeof(T), kPacks), 0, stream>>>(
+      b.out[s], b.x[s], b.w, b.rows, b.n, 1e-6);
+}
+
+template <typename T, int kPacks>
+void launch_layer_norm_staged(const Buffers<T>& b, int s, cudaStream_t stream) {
+  layer_norm_staged<T, kPacks><<<cuda::row_blocks(b.rows), cuda::row_threads(b.n, sizeof(T), kPacks), 0, stream>>>(
+      b.out[s], b.x[s], b.w, b.b, b.rows, b.n, 1e-5);
+}
+
 // y = x, through map_contiguous: the elementwise kernel's own cost beside the driver's copy.
 struct Copy {
   template <typename A> __device__ A operator()(A x) const { return x; }
@@ -148,6 +178,17 @@ void add_norms(std::vector<Schedule<T>>& list, int64_t rows, int64_t n) {
   add_layer_norm<T, kPacks, Access>(list, rows, n);
 }
 
+template <typename T, int kPacks>
+void add_staged_norms(std::vector<Schedule<T>>& list, int64_t rows, int64_t n) {
+  const std::string label = std::to_string(kPacks) + " packs staged in shared memory";
+  const bool fits = n / cuda::Pack<T>::kSize <= cuda::kStagedPacks;
+  const int threads = fits ? cuda::row_threads(n, sizeof(T), kPacks) : 0;
+  list.push_back({"rms_norm", label, reinterpret_cast<const void*>(rms_norm_staged<T, kPacks>), threads,
+                  (2.0 * rows * n + n) * sizeof(T), launch_rms_norm_staged<T, kPacks>});
+  list.push_back({"layer_norm", label, reinterpret_cast<const void*>(layer_norm_staged<T, kPacks>), threads,
+                  (2.0 * rows * n + 2.0 * n) * sizeof(T), launch_layer_norm_staged<T, kPacks>});
+}
+
 template <typename T, class S>
 void add_map(std::vector<Schedule<T>>& list, int64_t rows, int64_t n, const char* own = "") {
   const std::string label = std::to_string(S::kPacks) + " packs " + (S::kTiled ? "tiled" : "a grid apart") + ", " +
@@ -174,6 +215,8 @@ std::vector<Schedule<T>> schedules(int64_t rows, int64_t n) {
   add_norms<T, 8, OrderedAccess>(list, rows, n);
   add_norms<T, 4, StreamingAccess>(list, rows, n);
   add_norms<T, 8, StreamingAccess>(list, rows, n);
+  add_staged_norms<T, 4>(list, rows, n);
+  add_staged_norms<T, 8>(list, rows, n);
   add_map<T, MapSchedule<>>(list, rows, n, " (the ops')");
   add_map<T, MapSchedule<2, false, PlainAccess, 256>>(list, rows, n);
   add_map<T, MapSchedule<4, false, PlainAccess, 256>>(list, rows, n);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <initializer_list>
 
+#include "opforge/cuda/async_copy.cuh"
 #include "opforge/cuda/common.cuh"
 
 namespace opforge::cuda {
@@ -188,6 +189,62 @@ struct CachedRow {
 #pragma unroll
     for (int e = 0; e < P::kSize; ++e) o.v[e] = static_cast<T>(value(e));
     Access::store(reinterpret_cast<P*>(out) + j, o);
+  }
+};
+
+// A contiguous, 16-byte aligned row of n elements (a whole number of packs, at most kStagedPacks)
+// copied into shared memory by cp.async and read from there by every pass: the bytes in flight
+// are held by the copies, not by registers as CachedRow's are, so an SM holds as many rows as its
+// shared memory does (13 rows of 16 KB on sm_90) rather than as its registers do. One of the
+// schedules bench/schedules_cuda.cu times against the ops' CachedRow; each thread copies kPacks
+// packs (threadIdx.x + k * blockDim.x), and each pass reads the same ones (and no others).
+inline constexpr int kStagedPacks = 1024;  // 16 KB
+
+template <typename T, int kPacks>
+struct StagedRow {
+  using P = Pack<T>;
+  const P* packs;
+  int64_t count;  // packs in the row
+
+  __device__ StagedRow(const T* row, int64_t n) : count(n / P::kSize) {
+    __shared__ __align__(16) P staged[kStagedPacks];
+    // Every pass reads only the packs this thread copied: its own copies' wait is enough, no
+    // barrier (nor one before the next row's copies overwrite this one's).
+    for_packs([&](int, int64_t j) { copy16_async(staged + j, reinterpret_cast<const P*>(row) + j); });
+    wait_async_copies();
+    packs = staged;
+  }
+  template <class F> __device__ void each(F f) const {
+    for_packs([&](int, int64_t j) {
+      const P v = packs[j];
+#pragma unroll
+      for (int e = 0; e < P::kSize; ++e) f(j * P::kSize + e, static_cast<Acc<T>>(v.v[e]));
+    });
+  }
+  // out[i] = f(x[i], c) with c[q] = column operand q at i, the operands read in packs.
+  template <int E, class F> __device__ void store(T* out, const Columns<T, E>& cols, F f) const {
+    for_packs([&](int, int64_t j) {
+      const P v = packs[j];
+      P in[E];
+#pragma unroll
+      for (int q = 0; q < E; ++q) in[q] = reinterpret_cast<const P*>(cols.p[q])[j];
+      P o;
+#pragma unroll
+      for (int e = 0; e < P::kSize; ++e) {
+        Acc<T> c[E];
+#pragma unroll
+        for (int q = 0; q < E; ++q) c[q] = static_cast<Acc<T>>(in[q].v[e]);
+        o.v[e] = static_cast<T>(f(static_cast<Acc<T>>(v.v[e]), c));
+      }
+      reinterpret_cast<P*>(out)[j] = o;
+    });
+  }
+  template <class B> __device__ __forceinline__ void for_packs(B body) const {
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (j < count) body(k, j);
+    }
   }
 };
 
