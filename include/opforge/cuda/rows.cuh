@@ -195,9 +195,10 @@ struct CachedRow {
 // A contiguous, 16-byte aligned row of n elements (a whole number of packs, at most kStagedPacks)
 // copied into shared memory by cp.async and read from there by every pass: the bytes in flight
 // are held by the copies, not by registers as CachedRow's are, so an SM holds as many rows as its
-// shared memory does (13 rows of 16 KB on sm_90) rather than as its registers do. One of the
-// schedules bench/schedules_cuda.cu times against the ops' CachedRow; each thread copies kPacks
-// packs (threadIdx.x + k * blockDim.x), and each pass reads the same ones (and no others).
+// shared memory does (13 rows of 16 KB on sm_90, blocks of 128 threads) rather than as its
+// registers do. One of the schedules bench/schedules_cuda.cu times against the ops' CachedRow; each
+// thread copies kPacks packs (threadIdx.x + k * blockDim.x), and each pass reads the same ones
+// (and no others).
 inline constexpr int kStagedPacks = 1024;  // 16 KB
 
 template <typename T, int kPacks>
