@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The GPU verification, run on a GPU machine (the H100/H200 test machine: no network, one
 # 10-minute command): builds opforge with its CUDA kernels, runs the GPU tests, the GPU
-# benchmark, its norms' and elementwise kernels under other schedules, a profile of its slowest ops and their
-# hardware counters, compute-sanitizer (memcheck, racecheck) over a focused GPU subset, the forge
-# device's tests in a process of their own, the whole test suite with the GPU present (in
-# parallel with pytest-xdist where it is installed) and the torch adapter built elsewhere (stable
-# ABI), in that order (what the issue asks for first: a session has 15 minutes of device time, start-up included), each step with the
-# time the earlier ones left. Every step is logged; a failing step does not stop the later ones;
+# benchmark, compute-sanitizer (memcheck, racecheck) over a focused GPU subset, the kernels under
+# other schedules (bench/schedules_cuda.cu), a profile of the slowest ops and their hardware
+# counters, the forge device's tests in a process of their own, the whole test suite with the GPU
+# present (in parallel with pytest-xdist where it is installed) and the torch adapter built
+# elsewhere (stable ABI), in that order (what the issue asks for first: a session has 15 minutes of
+# device time, start-up included), each step with the time the earlier ones left. Every step is logged; a failing step does not stop the later ones;
 # the exit status is 1 if any step failed. From the repository root:
 #
 #   bash scripts/gpu_check.sh                       # on the GPU machine
@@ -24,10 +24,10 @@
 # 86 tests), the suite past 240 s (14683 of 14867), the stable-ABI check 82 s. A session's 900 s of
 # device time (start-up included) holds two calls on one warm machine (it goes back after 30 s
 # idle: send the second at once), the second without building again. schedules, profile and
-# ncu (new since that run, untimed: caps 90 s, 60 s and 120 s) push the first call past 265 s, so
-# the second gets what is left (about 900 - 32 - the first's time - 30 s of margin),
-# stable_abi_foreign_binary last:
-#   GPU_CHECK_STEPS=build,test_cuda,bench,schedules,profile,ncu,memcheck,racecheck bash scripts/gpu_check.sh
+# ncu (new since that run, untimed: caps 90 s, 60 s and 120 s; they run after the sanitizers, so a
+# short budget cuts them first) push the first call past 265 s, so the second gets what is left
+# (about 900 - 32 - the first's time - 30 s of margin), stable_abi_foreign_binary last:
+#   GPU_CHECK_STEPS=build,test_cuda,bench,memcheck,racecheck,schedules,profile,ncu bash scripts/gpu_check.sh
 #   GPU_CHECK_BUDGET_S=450 GPU_CHECK_STEPS=forge,suite,stable_abi_foreign_binary bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -179,21 +179,6 @@ step test_cuda 150 "${pytest_parallel[@]}" -rfEs tests/python/test_cuda.py
 # --- the benchmark (its tables are written as it goes; the issue's ops first) -----------------------
 bench_budget=${GPU_CHECK_BENCH_S:-120}
 step bench $((bench_budget + 60)) "$PY" bench/bench_gpu.py --mib 256 --repeats 30 --out "$RESULTS" --budget-s "$bench_budget"
-# The norms' and the elementwise kernels under other schedules (packs per thread, layouts,
-# accesses), and a token's matmul_q in one launch and in two, beside the ops' own, compiled from
-# the same headers (bench/schedules_cuda.cu): its table into $RESULTS/schedules_cuda.md, its CSV
-# into the logs' archive.
-nvcc_bin=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-lab_includes=(-Iinclude -I.)
-[[ -d build/gpu-deps/include ]] && lab_includes+=(-Ibuild/gpu-deps/include)
-step schedules 90 bash -c 'set -o pipefail; mkdir -p build && "$0" -O3 -std=c++20 -arch=sm_$1 "${@:4}" bench/schedules_cuda.cu -o build/schedules_cuda &&
-  build/schedules_cuda "$2" | tee "$3"' "$nvcc_bin" "${GPU_CHECK_CUDA_ARCH:-90}" "$LOGS/schedules_cuda.csv" \
-  "$RESULTS/schedules_cuda.md" "${lab_includes[@]}"
-# Where the slowest ops' time goes (kernels vs the host), into $RESULTS/profile_cuda.txt, and the
-# hardware counters of their kernels and of torch.compile's norms (Nsight Compute, where it can
-# read them), into $RESULTS/ncu_kernels.csv.
-step profile 60 "$PY" bench/profile_gpu.py --out "$RESULTS"
-step ncu 120 "$PY" bench/ncu_kernels.py --out "$RESULTS"
 
 # --- compute-sanitizer over small GPU cases (every kernel, float32; the tiling edges of matmul_q) --
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
@@ -214,6 +199,23 @@ else
     -k "torch_tensors_match_cpu and float32 and (matmul_q or norm or softmax or backward) or matmul_q_bits_match_cpu and (m1- or m4- or m32- or m37- or m70- or m96- or m130-) or scatter_add_staged_buckets and float32"
 fi
 
+# --- what decides the next kernel changes (diagnostics: last in the first call, so a short budget
+# cuts these, not the checks above) ----------------------------------------------------------------
+# The norms' and the elementwise kernels under other schedules (packs per thread, layouts,
+# accesses), and a token's matmul_q in one launch and in two, beside the ops' own, compiled from
+# the same headers (bench/schedules_cuda.cu): its table into $RESULTS/schedules_cuda.md, its CSV
+# into the logs' archive.
+nvcc_bin=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+lab_includes=(-Iinclude -I.)
+[[ -d build/gpu-deps/include ]] && lab_includes+=(-Ibuild/gpu-deps/include)
+step schedules 90 bash -c 'set -o pipefail; mkdir -p build && "$0" -O3 -std=c++20 -arch=sm_$1 "${@:4}" bench/schedules_cuda.cu -o build/schedules_cuda &&
+  build/schedules_cuda "$2" | tee "$3"' "$nvcc_bin" "${GPU_CHECK_CUDA_ARCH:-90}" "$LOGS/schedules_cuda.csv" \
+  "$RESULTS/schedules_cuda.md" "${lab_includes[@]}"
+# Where the slowest ops' time goes (kernels vs the host), into $RESULTS/profile_cuda.txt, and the
+# hardware counters of their kernels and of torch.compile's norms (Nsight Compute, where it can
+# read them), into $RESULTS/ncu_kernels.csv.
+step profile 60 "$PY" bench/profile_gpu.py --out "$RESULTS"
+step ncu 120 "$PY" bench/ncu_kernels.py --out "$RESULTS"
 
 # --- the forge device: registering it makes torch take it for the accelerator, after which CUDA
 # backward passes fail in that process (pytorch/pytorch#161129), so its tests skip themselves beside
