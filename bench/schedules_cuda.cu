@@ -39,6 +39,7 @@
 #include <random>
 
 #include "opforge/cuda/activation.cuh"
+#include "opforge/cuda/schedule_variants.cuh"
 #include "ops/layer_norm/layer_norm.cuh"
 #include "ops/matmul_q/matmul_q.cuh"
 #include "ops/rms_norm/rms_norm.cuh"

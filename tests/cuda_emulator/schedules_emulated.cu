@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "opforge/cuda/activation.cuh"
+#include "opforge/cuda/schedule_variants.cuh"
 #include "ops/layer_norm/layer_norm.cuh"
 #include "ops/rms_norm/rms_norm.cuh"
 

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -128,44 +127,10 @@ struct alignas(16) Pack {
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // How a kernel moves its packs (CachedRow, map_contiguous): plain 16-byte loads and stores, the
-// ops' choice; or one of the others bench/schedules_cuda.cu times against it: stores the compiler
-// keeps in order, or streaming (evict-first) loads and stores.
+// ops' choice. cuda/schedule_variants.cuh has the others bench/schedules_cuda.cu times against it.
 struct PlainAccess {
   template <class P> __device__ __forceinline__ static P load(const P* p) { return *p; }
   template <class P> __device__ __forceinline__ static void store(P* p, const P& v) { *p = v; }
-};
-// Plain loads and stores, each store a barrier to the compiler's reordering (asm volatile with a
-// "memory" clobber): the loads after it (a row kernel's next weights) are not hoisted above it, so
-// fewer values are live at once. StreamingAccess's stores are such barriers too; this is that
-// register count without its cache hint (ptxas, sm_90: float32 layer_norm 52 registers plain,
-// 39 streaming), so the two effects can be timed apart.
-struct OrderedAccess {
-  template <class P> __device__ __forceinline__ static P load(const P* p) { return *p; }
-  template <class P> __device__ __forceinline__ static void store(P* p, const P& v) {
-    static_assert(sizeof(P) == 16);
-#ifndef CUDA_EMU_ARCH
-    unsigned w[4];
-    memcpy(w, &v, sizeof(w));
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
-                 : "memory");
-#else
-    *p = v;
-#endif
-  }
-};
-struct StreamingAccess {
-  template <class P> __device__ __forceinline__ static P load(const P* p) {
-    static_assert(sizeof(P) == sizeof(int4));
-    const int4 bits = __ldcs(reinterpret_cast<const int4*>(p));
-    P v;
-    memcpy(&v, &bits, sizeof(v));
-    return v;
-  }
-  template <class P> __device__ __forceinline__ static void store(P* p, const P& v) {
-    int4 bits;
-    memcpy(&bits, &v, sizeof(bits));
-    __stcs(reinterpret_cast<int4*>(p), bits);
-  }
 };
 
 // Packs in flight per thread in map_contiguous. HBM needs several MB in flight to run at full

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <initializer_list>
 
-#include "opforge/cuda/async_copy.cuh"
 #include "opforge/cuda/common.cuh"
 
 namespace opforge::cuda {
@@ -73,6 +72,38 @@ struct Columns {
   const T* p[E];
   int64_t step[E];
 };
+
+// body(k, j) for this thread's packs of a row of `count` packs, kPacks at most: its k-th, the
+// row's j-th = threadIdx.x + k * blockDim.x (k a constant once unrolled, so per-pack state indexed
+// by it stays in registers).
+template <int kPacks, class B>
+__device__ __forceinline__ void for_row_packs(int64_t count, B body) {
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+    if (j < count) body(k, j);
+  }
+}
+
+// out's pack j, stored by Access, from the row's pack j (v) and the column operands' pack j:
+// element e is f(v[e], c) with c[q] operand q's element e (operands of step 1, 16-byte aligned).
+template <class Access, typename T, int E, class F>
+__device__ __forceinline__ void store_with_columns(T* out, int64_t j, const Pack<T>& v, const Columns<T, E>& cols,
+                                                   F f) {
+  using P = Pack<T>;
+  P in[E];
+#pragma unroll
+  for (int q = 0; q < E; ++q) in[q] = reinterpret_cast<const P*>(cols.p[q])[j];
+  P o;
+#pragma unroll
+  for (int e = 0; e < P::kSize; ++e) {
+    Acc<T> c[E];
+#pragma unroll
+    for (int q = 0; q < E; ++q) c[q] = static_cast<Acc<T>>(in[q].v[e]);
+    o.v[e] = static_cast<T>(f(static_cast<Acc<T>>(v.v[e]), c));
+  }
+  Access::store(reinterpret_cast<P*>(out) + j, o);
+}
 
 // Element i of the row at row[i * step]; this thread's elements are threadIdx.x + k * blockDim.x.
 template <typename T>
@@ -159,26 +190,10 @@ struct CachedRow {
   }
   // body(k, j) for this thread's packs: its k-th, the row's j-th (k a constant once unrolled, so
   // the packs stay in registers).
-  template <class B> __device__ __forceinline__ void for_packs(B body) const {
-#pragma unroll
-    for (int k = 0; k < kPacks; ++k) {
-      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
-      if (j < count) body(k, j);
-    }
-  }
+  template <class B> __device__ __forceinline__ void for_packs(B body) const { for_row_packs<kPacks>(count, body); }
   // out[i] = f(x[i], c) with c[q] = column operand q at i, the operands read in packs too.
   template <int E, class F> __device__ void store(T* out, const Columns<T, E>& cols, F f) const {
-    for_packs([&](int k, int64_t j) {
-      P in[E];
-#pragma unroll
-      for (int q = 0; q < E; ++q) in[q] = reinterpret_cast<const P*>(cols.p[q])[j];
-      put(out, j, [&](int e) {
-        Acc<T> c[E];
-#pragma unroll
-        for (int q = 0; q < E; ++q) c[q] = static_cast<Acc<T>>(in[q].v[e]);
-        return f(value(k, e), c);
-      });
-    });
+    for_packs([&](int k, int64_t j) { store_with_columns<Access>(out, j, packs[k], cols, f); });
   }
 
  private:
@@ -189,63 +204,6 @@ struct CachedRow {
 #pragma unroll
     for (int e = 0; e < P::kSize; ++e) o.v[e] = static_cast<T>(value(e));
     Access::store(reinterpret_cast<P*>(out) + j, o);
-  }
-};
-
-// A contiguous, 16-byte aligned row of n elements (a whole number of packs, at most kStagedPacks)
-// copied into shared memory by cp.async and read from there by every pass: the bytes in flight
-// are held by the copies, not by registers as CachedRow's are, so an SM holds as many rows as its
-// shared memory does (13 rows of 16 KB on sm_90, blocks of 128 threads) rather than as its
-// registers do. One of the schedules bench/schedules_cuda.cu times against the ops' CachedRow; each
-// thread copies kPacks packs (threadIdx.x + k * blockDim.x), and each pass reads the same ones
-// (and no others).
-inline constexpr int kStagedPacks = 1024;  // 16 KB
-
-template <typename T, int kPacks>
-struct StagedRow {
-  using P = Pack<T>;
-  const P* packs;
-  int64_t count;  // packs in the row
-
-  __device__ StagedRow(const T* row, int64_t n) : count(n / P::kSize) {
-    __shared__ __align__(16) P staged[kStagedPacks];
-    // Every pass reads only the packs this thread copied: its own copies' wait is enough, no
-    // barrier (nor one before the next row's copies overwrite this one's).
-    for_packs([&](int, int64_t j) { copy16_async(staged + j, reinterpret_cast<const P*>(row) + j); });
-    wait_async_copies();
-    packs = staged;
-  }
-  template <class F> __device__ void each(F f) const {
-    for_packs([&](int, int64_t j) {
-      const P v = packs[j];
-#pragma unroll
-      for (int e = 0; e < P::kSize; ++e) f(j * P::kSize + e, static_cast<Acc<T>>(v.v[e]));
-    });
-  }
-  // out[i] = f(x[i], c) with c[q] = column operand q at i, the operands read in packs.
-  template <int E, class F> __device__ void store(T* out, const Columns<T, E>& cols, F f) const {
-    for_packs([&](int, int64_t j) {
-      const P v = packs[j];
-      P in[E];
-#pragma unroll
-      for (int q = 0; q < E; ++q) in[q] = reinterpret_cast<const P*>(cols.p[q])[j];
-      P o;
-#pragma unroll
-      for (int e = 0; e < P::kSize; ++e) {
-        Acc<T> c[E];
-#pragma unroll
-        for (int q = 0; q < E; ++q) c[q] = static_cast<Acc<T>>(in[q].v[e]);
-        o.v[e] = static_cast<T>(f(static_cast<Acc<T>>(v.v[e]), c));
-      }
-      reinterpret_cast<P*>(out)[j] = o;
-    });
-  }
-  template <class B> __device__ __forceinline__ void for_packs(B body) const {
-#pragma unroll
-    for (int k = 0; k < kPacks; ++k) {
-      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
-      if (j < count) body(k, j);
-    }
   }
 };
 
