@@ -465,6 +465,8 @@ float copy_gbps(int64_t bytes, int repeats) {
     check(cudaEventElapsedTime(&ms, start, end), "elapsed");
     if (r >= 0) us.push_back(ms * 1e3f);
   }
+  cudaEventDestroy(start);
+  cudaEventDestroy(end);
   cudaFree(src);
   cudaFree(dst);
   return static_cast<float>(2.0 * bytes / (median(us) * 1e3));

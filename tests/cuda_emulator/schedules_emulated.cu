@@ -200,6 +200,7 @@ TEST(Schedules, TheBenchmarkRunsEverySchedule) {
   std::string csv = ::testing::TempDir() + "schedules_cuda.csv";
   std::string prog = "schedules_cuda", rows = "6", cols = "512", repeats = "2";
   char* argv[] = {prog.data(), csv.data(), rows.data(), cols.data(), repeats.data()};
+  const size_t events_before = cuda_emu::live_events(), allocations_before = cuda_emu::live_allocations();
   const bool allowed = cuda_emu::allow_cuda_malloc(true);  // a standalone program's allocations
   const int64_t cap = cuda_emu::set_grid_cap(3);  // every kernel's grid-stride loop takes several trips
   int rc = -1;
@@ -215,6 +216,8 @@ TEST(Schedules, TheBenchmarkRunsEverySchedule) {
   cuda_emu::take_stream_uses();
   cuda_emu::take_launches();
   ASSERT_EQ(rc, 0) << table;
+  EXPECT_EQ(cuda_emu::live_events(), events_before) << "the program left events behind";
+  EXPECT_EQ(cuda_emu::live_allocations(), allocations_before) << "the program left device memory behind";
   std::ifstream in(csv);
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
