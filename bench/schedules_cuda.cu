@@ -1,21 +1,26 @@
 // opforge's memory-bound CUDA kernels timed under other schedules of the same code beside the
 // ops' own, on one GPU, against the device-to-device copy, so that the next change of schedule is
 // a measured one:
-// - the norms' one-row-per-block kernels (ops/rms_norm/rms_norm.cuh, ops/layer_norm/layer_norm.cuh):
-//   packs per thread (cuda::CachedRow's kPacks: 2, 4 = the ops' own, 8, 16; fewer threads per row,
-//   more registers each), stores the compiler may not hoist the next pack's weight loads above
-//   (fewer registers: float32 layer_norm 52 -> 40), streaming (evict-first) loads and stores, and
-//   the row staged in shared memory by cp.async instead of registers (cuda::StagedRow: an SM
-//   holds as many rows as its shared memory does, not as its registers do);
+// - the norms' one-row-per-block kernels (ops/rms_norm/rms_norm.cuh, ops/layer_norm/layer_norm.cuh),
+//   over other row types (the norms' contiguous_kernel<T, Row>):
+//   - cuda::CachedRow, the row in registers: packs per thread (2, 4 = the ops' own, 8, 16; fewer
+//     threads per row, more registers each), stores the compiler may not hoist the next pack's
+//     weight loads above (fewer registers: float32 layer_norm 52 -> 40), streaming (evict-first)
+//     loads and stores;
+//   - cuda::StagedRow, the row staged in shared memory by cp.async (an SM holds as many rows as
+//     its shared memory does, not as its registers do);
+//   - cuda::RereadRow, the row read again from the caches on every pass, as inductor's looped
+//     reductions do at 4096 columns (few registers; an SM holds as many rows as it has threads
+//     for), with and without inductor's evict-last / evict-first hints;
 // - the elementwise kernel (cuda::map_contiguous, with silu's functor and as a plain copy): packs
 //   per thread, a thread's packs a grid apart (the ops' own) or each block's packs one contiguous
 //   tile (as Triton lays out inductor's pointwise kernels), block size, streaming loads and stores.
 // - matmul_q for one token (ops/matmul_q/matmul_q.cuh): one launch, the gemv quantizing the row
 //   itself (the op's way since 6e5da0d, untimed), and two, x quantized into a workspace first.
 // The H200 run at db57f81 had the norms at 95-97% of the copy, 0.95-0.96x torch.compile's kernels,
-// silu/relu at 97-98%, 0.97-0.98x, and a token's matmul_q at 25.6 us in either format. Each schedule's blocks per SM (registers decide it for the
-// norms: a row's bytes in flight live in them), registers and local memory per thread are printed
-// beside its time.
+// silu/relu at 97-98%, 0.97-0.98x, and a token's matmul_q at 25.6 us in either format. Each
+// schedule's blocks per SM (registers decide it for CachedRow: a row's bytes in flight live in
+// them), registers and local memory per thread are printed beside its time.
 //
 // Built and run by scripts/gpu_check.sh (step schedules), or by hand from the repository root:
 //   nvcc -O3 -std=c++20 -arch=native -Iinclude -I. bench/schedules_cuda.cu -o build/schedules_cuda
@@ -33,10 +38,10 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
-#include <string>
-#include <vector>
-
 #include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 #include "opforge/cuda/activation.cuh"
 #include "opforge/cuda/schedule_variants.cuh"
@@ -96,44 +101,16 @@ struct Schedule {
   void (*launch)(const Buffers<T>&, int set, cudaStream_t);
 };
 
-template <typename T, int kPacks, class Access>
+template <typename T, class Row>
 void launch_rms_norm(const Buffers<T>& b, int s, cudaStream_t stream) {
-  rms_norm_cuda::cached_kernel<T, kPacks, Access><<<cuda::row_blocks(b.rows), cuda::row_threads(b.n, sizeof(T), kPacks),
-                                                    0, stream>>>(b.out[s], b.x[s], b.w, 1, b.rows, b.n, 1e-6);
+  rms_norm_cuda::contiguous_kernel<T, Row><<<cuda::row_blocks(b.rows), cuda::contiguous_row_threads<Row>(b.n), 0,
+                                             stream>>>(b.out[s], b.x[s], b.w, 1, b.rows, b.n, 1e-6);
 }
 
-template <typename T, int kPacks, class Access>
+template <typename T, class Row>
 void launch_layer_norm(const Buffers<T>& b, int s, cudaStream_t stream) {
-  layer_norm_cuda::cached_kernel<T, kPacks, Access><<<cuda::row_blocks(b.rows), cuda::row_threads(b.n, sizeof(T), kPacks),
-                                                      0, stream>>>(b.out[s], b.x[s], b.w, 1, b.b, 1, b.rows, b.n, 1e-5);
-}
-
-// The norms with each row staged in shared memory by cp.async (cuda::StagedRow) where the ops keep
-// it in registers: the op's own normalize(), another row type.
-template <typename T, int kPacks>
-__global__ void __launch_bounds__(cuda::kMaxRowThreads)
-    rms_norm_staged(T* out, const T* x, const T* w, int64_t rows, int64_t n, double eps) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
-    rms_norm_cuda::normalize(out + r * n, cuda::StagedRow<T, kPacks>(x + r * n, n), w, 1, n, eps);
-}
-
-template <typename T, int kPacks>
-__global__ void __launch_bounds__(cuda::kMaxRowThreads)
-    layer_norm_staged(T* out, const T* x, const T* w, const T* b, int64_t rows, int64_t n, double eps) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
-    layer_norm_cuda::normalize(out + r * n, cuda::StagedRow<T, kPacks>(x + r * n, n), x + r * n, w, 1, b, 1, n, eps);
-}
-
-template <typename T, int kPacks>
-void launch_rms_norm_staged(const Buffers<T>& b, int s, cudaStream_t stream) {
-  rms_norm_staged<T, kPacks><<<cuda::row_blocks(b.rows), cuda::row_threads(b.n, sizeof(T), kPacks), 0, stream>>>(
-      b.out[s], b.x[s], b.w, b.rows, b.n, 1e-6);
-}
-
-template <typename T, int kPacks>
-void launch_layer_norm_staged(const Buffers<T>& b, int s, cudaStream_t stream) {
-  layer_norm_staged<T, kPacks><<<cuda::row_blocks(b.rows), cuda::row_threads(b.n, sizeof(T), kPacks), 0, stream>>>(
-      b.out[s], b.x[s], b.w, b.b, b.rows, b.n, 1e-5);
+  layer_norm_cuda::contiguous_kernel<T, Row><<<cuda::row_blocks(b.rows), cuda::contiguous_row_threads<Row>(b.n), 0,
+                                               stream>>>(b.out[s], b.x[s], b.w, 1, b.b, 1, b.rows, b.n, 1e-5);
 }
 
 // y = x, through map_contiguous: the elementwise kernel's own cost beside the driver's copy.
@@ -152,42 +129,40 @@ std::string access_name(cuda::PlainAccess) { return "plain"; }
 std::string access_name(cuda::OrderedAccess) { return "ordered stores"; }
 std::string access_name(cuda::StreamingAccess) { return "streaming"; }
 
-template <int kPacks, class Access>
-std::string row_label(const char* own) {
-  return std::to_string(kPacks) + " packs " + access_name(Access{}) + own;
-}
-
+// A row schedule's label: its packs per thread and how it holds and moves them.
 template <typename T, int kPacks, class Access>
-void add_rms_norm(std::vector<Schedule<T>>& list, int64_t rows, int64_t n, const char* own = "") {
-  list.push_back({"rms_norm", row_label<kPacks, Access>(own),
-                  reinterpret_cast<const void*>(rms_norm_cuda::cached_kernel<T, kPacks, Access>),
-                  cuda::row_threads(n, sizeof(T), kPacks), (2.0 * rows * n + n) * sizeof(T),
-                  launch_rms_norm<T, kPacks, Access>});
+std::string row_label(std::type_identity<cuda::CachedRow<T, kPacks, Access>>) {
+  return std::to_string(kPacks) + " packs " + access_name(Access{});
 }
-
-template <typename T, int kPacks, class Access>
-void add_layer_norm(std::vector<Schedule<T>>& list, int64_t rows, int64_t n, const char* own = "") {
-  list.push_back({"layer_norm", row_label<kPacks, Access>(own),
-                  reinterpret_cast<const void*>(layer_norm_cuda::cached_kernel<T, kPacks, Access>),
-                  cuda::row_threads(n, sizeof(T), kPacks), (2.0 * rows * n + 2.0 * n) * sizeof(T),
-                  launch_layer_norm<T, kPacks, Access>});
-}
-
-template <typename T, int kPacks, class Access>
-void add_norms(std::vector<Schedule<T>>& list, int64_t rows, int64_t n) {
-  add_rms_norm<T, kPacks, Access>(list, rows, n);
-  add_layer_norm<T, kPacks, Access>(list, rows, n);
-}
-
 template <typename T, int kPacks>
-void add_staged_norms(std::vector<Schedule<T>>& list, int64_t rows, int64_t n) {
-  const std::string label = std::to_string(kPacks) + " packs staged in shared memory";
-  const bool fits = n / cuda::Pack<T>::kSize <= cuda::kStagedPacks;
-  const int threads = fits ? cuda::row_threads(n, sizeof(T), kPacks) : 0;
-  list.push_back({"rms_norm", label, reinterpret_cast<const void*>(rms_norm_staged<T, kPacks>), threads,
-                  (2.0 * rows * n + n) * sizeof(T), launch_rms_norm_staged<T, kPacks>});
-  list.push_back({"layer_norm", label, reinterpret_cast<const void*>(layer_norm_staged<T, kPacks>), threads,
-                  (2.0 * rows * n + 2.0 * n) * sizeof(T), launch_layer_norm_staged<T, kPacks>});
+std::string row_label(std::type_identity<cuda::StagedRow<T, kPacks>>) {
+  return std::to_string(kPacks) + " packs staged in shared memory";
+}
+template <typename T, int kPacks, int kGroup, bool kHinted>
+std::string row_label(std::type_identity<cuda::RereadRow<T, kPacks, kGroup, kHinted>>) {
+  return std::to_string(kPacks) + " packs reread per pass, " + std::to_string(kGroup) + " at a time" +
+         (kHinted ? ", evict-last/first" : "");
+}
+
+template <typename T, class Row>
+void add_rms_norm(std::vector<Schedule<T>>& list, int64_t rows, int64_t n, const char* own = "") {
+  list.push_back({"rms_norm", row_label(std::type_identity<Row>{}) + own,
+                  reinterpret_cast<const void*>(rms_norm_cuda::contiguous_kernel<T, Row>),
+                  cuda::contiguous_row_threads<Row>(n), (2.0 * rows * n + n) * sizeof(T), launch_rms_norm<T, Row>});
+}
+
+template <typename T, class Row>
+void add_layer_norm(std::vector<Schedule<T>>& list, int64_t rows, int64_t n, const char* own = "") {
+  list.push_back({"layer_norm", row_label(std::type_identity<Row>{}) + own,
+                  reinterpret_cast<const void*>(layer_norm_cuda::contiguous_kernel<T, Row>),
+                  cuda::contiguous_row_threads<Row>(n), (2.0 * rows * n + 2.0 * n) * sizeof(T),
+                  launch_layer_norm<T, Row>});
+}
+
+template <typename T, class Row>
+void add_norms(std::vector<Schedule<T>>& list, int64_t rows, int64_t n) {
+  add_rms_norm<T, Row>(list, rows, n);
+  add_layer_norm<T, Row>(list, rows, n);
 }
 
 template <typename T, class S>
@@ -206,18 +181,24 @@ template <typename T>
 std::vector<Schedule<T>> schedules(int64_t rows, int64_t n) {
   using cuda::MapSchedule, cuda::OrderedAccess, cuda::PlainAccess, cuda::StreamingAccess;
   std::vector<Schedule<T>> list;
-  add_rms_norm<T, rms_norm_cuda::kOwnPacks, rms_norm_cuda::OwnAccess>(list, rows, n, " (the op's)");
-  add_layer_norm<T, layer_norm_cuda::kOwnPacks, layer_norm_cuda::OwnAccess>(list, rows, n, " (the op's)");
-  add_norms<T, 2, PlainAccess>(list, rows, n);
-  add_norms<T, 4, PlainAccess>(list, rows, n);
-  add_norms<T, 8, PlainAccess>(list, rows, n);
-  add_norms<T, 16, PlainAccess>(list, rows, n);
-  add_norms<T, 4, OrderedAccess>(list, rows, n);
-  add_norms<T, 8, OrderedAccess>(list, rows, n);
-  add_norms<T, 4, StreamingAccess>(list, rows, n);
-  add_norms<T, 8, StreamingAccess>(list, rows, n);
-  add_staged_norms<T, 4>(list, rows, n);
-  add_staged_norms<T, 8>(list, rows, n);
+  using cuda::CachedRow, cuda::RereadRow, cuda::StagedRow;
+  add_rms_norm<T, rms_norm_cuda::OwnRow<T>>(list, rows, n, " (the op's)");
+  add_layer_norm<T, layer_norm_cuda::OwnRow<T>>(list, rows, n, " (the op's)");
+  add_norms<T, CachedRow<T, 2, PlainAccess>>(list, rows, n);
+  add_norms<T, CachedRow<T, 4, PlainAccess>>(list, rows, n);
+  add_norms<T, CachedRow<T, 8, PlainAccess>>(list, rows, n);
+  add_norms<T, CachedRow<T, 16, PlainAccess>>(list, rows, n);
+  add_norms<T, CachedRow<T, 4, OrderedAccess>>(list, rows, n);
+  add_norms<T, CachedRow<T, 8, OrderedAccess>>(list, rows, n);
+  add_norms<T, CachedRow<T, 4, StreamingAccess>>(list, rows, n);
+  add_norms<T, CachedRow<T, 8, StreamingAccess>>(list, rows, n);
+  add_norms<T, StagedRow<T, 4>>(list, rows, n);
+  add_norms<T, StagedRow<T, 8>>(list, rows, n);
+  add_norms<T, RereadRow<T, 4, 2>>(list, rows, n);  // inductor's at 4096 float32 columns
+  add_norms<T, RereadRow<T, 4, 2, false>>(list, rows, n);
+  add_norms<T, RereadRow<T, 4, 1>>(list, rows, n);
+  add_norms<T, RereadRow<T, 2, 1>>(list, rows, n);  // inductor's at 4096 bfloat16 columns
+  add_norms<T, RereadRow<T, 8, 2>>(list, rows, n);
   add_map<T, MapSchedule<>>(list, rows, n, " (the ops')");
   add_map<T, MapSchedule<2, false, PlainAccess, 256>>(list, rows, n);
   add_map<T, MapSchedule<4, false, PlainAccess, 256>>(list, rows, n);

@@ -2,7 +2,7 @@
 // mean), then of d^2 and d together with d = x - mean (variance, refined mean), then the store.
 // As in the CPU kernel, the mean is kept as base + mu (TwoSum) and subtracted in two steps, so a
 // large mean costs no precision. Here, apart from the launches in layer_norm_cuda.cu, so that
-// bench/schedules_cuda.cu can time cached_kernel with other packs per thread and accesses.
+// bench/schedules_cuda.cu can time contiguous_kernel with other row schedules.
 #pragma once
 
 #include <cmath>
@@ -13,10 +13,11 @@ namespace opforge::layer_norm_cuda {
 
 constexpr int kThreads = 256;  // for strided rows
 
-// The schedule the op runs cached_kernel with: packs per thread and their loads and stores.
-// bench/schedules_cuda.cu times other schedules beside this one; adopting one is changing these.
-constexpr int kOwnPacks = cuda::kRowPacks;
-using OwnAccess = cuda::PlainAccess;
+// The schedule the op runs contiguous rows with: the row type (cuda/rows.cuh), its packs per thread
+// and its loads and stores. bench/schedules_cuda.cu times other schedules beside this one (other
+// packs and accesses, cuda/schedule_variants.cuh's rows); adopting one is changing this line.
+template <typename T>
+using OwnRow = cuda::CachedRow<T, cuda::kRowPacks, cuda::PlainAccess>;
 
 template <typename T, class Row>
 __device__ __forceinline__ void normalize(T* out, const Row& row, const T* first, const T* w, int64_t w_step,
@@ -54,14 +55,14 @@ __global__ void strided_kernel(T* out, const T* x, cuda::Indexer rows_ix, int64_
   }
 }
 
-// Contiguous aligned rows, read once into registers (CachedRow): kPacks packs per thread, so
-// cuda::cached_row_threads(..., kPacks) threads per block.
-template <typename T, int kPacks = cuda::kRowPacks, class Access = cuda::PlainAccess>
+// Contiguous aligned rows of type Row (OwnRow<T>, or a schedule bench/schedules_cuda.cu times),
+// cuda::contiguous_row_threads<Row> threads per block.
+template <typename T, class Row = OwnRow<T>>
 __global__ void __launch_bounds__(cuda::kMaxRowThreads)
-    cached_kernel(T* out, const T* x, const T* w, int64_t w_step, const T* b, int64_t b_step, int64_t rows, int64_t n,
-                  double eps) {
+    contiguous_kernel(T* out, const T* x, const T* w, int64_t w_step, const T* b, int64_t b_step, int64_t rows,
+                      int64_t n, double eps) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
-    normalize(out + r * n, cuda::CachedRow<T, kPacks, Access>(x + r * n, n), x + r * n, w, w_step, b, b_step, n, eps);
+    normalize(out + r * n, Row(x + r * n, n), x + r * n, w, w_step, b, b_step, n, eps);
 }
 
 }  // namespace opforge::layer_norm_cuda

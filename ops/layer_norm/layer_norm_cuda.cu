@@ -24,8 +24,8 @@ void run(const KernelCall& call) {
       const T* bias = b ? b->data_as<const T>() : nullptr;
       const int64_t b_step = b ? b->stride(0) : 0;
       const double eps = call.attr_float("eps");
-      if (const int threads = cuda::cached_row_threads(x, out, sizeof(T), {&w, b}, kOwnPacks)) {
-        cached_kernel<T, kOwnPacks, OwnAccess><<<cuda::row_blocks(rows), threads, 0, stream>>>(
+      if (const int threads = cuda::contiguous_row_threads<OwnRow<T>>(x, out, {&w, b})) {
+        contiguous_kernel<T><<<cuda::row_blocks(rows), threads, 0, stream>>>(
             out.data_as<T>(), x.data_as<const T>(), w.data_as<const T>(), w.stride(0), bias, b_step, rows, n, eps);
       } else {
         strided_kernel<T><<<cuda::row_blocks(rows), kThreads, 0, stream>>>(

@@ -21,8 +21,8 @@ void run(const KernelCall& call) {
       fail(ErrorKind::not_implemented, "rms_norm(): no integer kernel");
     } else {
       const cudaStream_t stream = cuda::stream_of(call);
-      if (const int threads = cuda::cached_row_threads(x, out, sizeof(T), {&w}, kOwnPacks)) {
-        cached_kernel<T, kOwnPacks, OwnAccess><<<cuda::row_blocks(rows), threads, 0, stream>>>(
+      if (const int threads = cuda::contiguous_row_threads<OwnRow<T>>(x, out, {&w})) {
+        contiguous_kernel<T><<<cuda::row_blocks(rows), threads, 0, stream>>>(
             out.data_as<T>(), x.data_as<const T>(), w.data_as<const T>(), w.stride(0), rows, n, eps);
       } else {
         strided_kernel<T><<<cuda::row_blocks(rows), kThreads, 0, stream>>>(

@@ -1,11 +1,12 @@
 // The kernels under the schedules bench/schedules_cuda.cu times beside the ops' own: the norms'
-// cached-row kernels (other packs per thread, ordered or streaming stores) and map_contiguous
-// (packs per thread, tiles, block size, streaming). Each must compute the op, checked here against
-// a double-precision reference (and map_contiguous bit for bit against its own schedule), so a
-// schedule the GPU run finds faster can become the ops' own. The PTX of OrderedAccess's store is
-// the GPU's only (a plain store here); bench/schedules_cuda.cu compares every schedule's output
-// with the ops' own on the GPU. Compiled like the ops' CUDA sources: rewritten, then with the
-// emulator's header ahead.
+// contiguous-row kernels over other row types (CachedRow with other packs per thread, ordered or
+// streaming stores; StagedRow; RereadRow) and map_contiguous (packs per thread, tiles, block size,
+// streaming). Each must compute the op, checked here against a double-precision reference, and
+// the row types bit for bit against CachedRow at the same packs per thread (map_contiguous against
+// its own schedule), so a schedule the GPU run finds faster can become the ops' own. The PTX of
+// OrderedAccess's store and of RereadRow's hinted loads is the GPU's only (plain accesses here);
+// bench/schedules_cuda.cu compares every schedule's output with the ops' own on the GPU. Compiled
+// like the ops' CUDA sources: rewritten, then with the emulator's header ahead.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "opforge/cuda/activation.cuh"
@@ -62,10 +64,11 @@ std::vector<T> as(const std::vector<float>& v) {
   return out;
 }
 
-// Runs op's cached kernel with kPacks packs per thread and Access on d (rounded to T) and checks
-// it against the double reference within T's precision.
-template <typename T, int kPacks, class Access>
-void expect_schedule_computes(const std::string& op, Data d, const char* schedule) {
+// op's contiguous_kernel over rows of type Row on d (rounded to Row's element type): its output,
+// checked against the double reference within the type's precision.
+template <class Row>
+std::vector<float> expect_schedule_computes(const std::string& op, Data d, const char* schedule) {
+  using T = typename Row::Element;
   for (float& v : d.x) v = static_cast<float>(static_cast<T>(v));
   for (float& v : d.w) v = static_cast<float>(static_cast<T>(v));
   for (float& v : d.b) v = static_cast<float>(static_cast<T>(v));
@@ -80,37 +83,78 @@ void expect_schedule_computes(const std::string& op, Data d, const char* schedul
   std::copy(xt.begin(), xt.end(), x);
   std::copy(wt.begin(), wt.end(), w);
   std::copy(bt.begin(), bt.end(), b);
-  const int threads = cuda::row_threads(d.n, sizeof(T), kPacks);
-  ASSERT_GT(threads, 0);
+  const int threads = cuda::contiguous_row_threads<Row>(d.n);
+  EXPECT_GT(threads, 0) << schedule;
+  if (threads == 0) return {};
   const double eps = 1e-5;
   if (op == "rms_norm")
-    rms_norm_cuda::cached_kernel<T, kPacks, Access><<<cuda::row_blocks(d.rows), threads, 0, nullptr>>>(
-        out, x, w, 1, d.rows, d.n, eps);
+    rms_norm_cuda::contiguous_kernel<T, Row><<<cuda::row_blocks(d.rows), threads, 0, nullptr>>>(out, x, w, 1, d.rows,
+                                                                                                d.n, eps);
   else
-    layer_norm_cuda::cached_kernel<T, kPacks, Access><<<cuda::row_blocks(d.rows), threads, 0, nullptr>>>(
+    layer_norm_cuda::contiguous_kernel<T, Row><<<cuda::row_blocks(d.rows), threads, 0, nullptr>>>(
         out, x, w, 1, b, 1, d.rows, d.n, eps);
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   const std::vector<double> want = reference(op, d, eps);
   const double tolerance = sizeof(T) == 4 ? 2e-5 : 2e-2;  // relative to the result's magnitude, or 1
-  for (size_t i = 0; i < want.size(); ++i)
-    ASSERT_NEAR(static_cast<double>(static_cast<float>(out[i])), want[i], tolerance * std::max(1.0, std::fabs(want[i])))
+  std::vector<float> got(want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    got[i] = static_cast<float>(out[i]);
+    EXPECT_NEAR(got[i], want[i], tolerance * std::max(1.0, std::fabs(want[i])))
         << op << " " << schedule << " " << threads << " threads, element " << i << " of rows " << d.rows << " x "
         << d.n;
+    if (::testing::Test::HasFailure()) break;
+  }
+  return got;
+}
+
+// Row computes op, and with the bits of CachedRow at its packs per thread: the same sums in the
+// same order, whatever holds the row between passes.
+template <class Row>
+void expect_same_bits_as_cached(const std::string& op, const Data& d, const char* schedule) {
+  using T = typename Row::Element;
+  const std::vector<float> got = expect_schedule_computes<Row>(op, d, schedule);
+  const std::vector<float> cached = expect_schedule_computes<cuda::CachedRow<T, Row::kThreadPacks>>(op, d, "cached");
+  ASSERT_EQ(got.size(), cached.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(got[i], cached[i]) << op << " " << schedule << ", element " << i << " of rows " << d.rows << " x " << d.n;
 }
 
 template <typename T>
 void expect_every_schedule_computes(int64_t rows, int64_t n) {
+  using cuda::CachedRow, cuda::OrderedAccess, cuda::PlainAccess, cuda::RereadRow, cuda::StagedRow,
+      cuda::StreamingAccess;
+  static_assert(std::is_same_v<rms_norm_cuda::OwnRow<T>, CachedRow<T, cuda::kRowPacks, PlainAccess>>,
+                "the schedules below are this test's variations of the op's own; adopting another, update them");
   for (const char* op : {"rms_norm", "layer_norm"}) {
     const Data d = random_data(rows, n, static_cast<unsigned>(rows * 131 + n));
-    expect_schedule_computes<T, cuda::kRowPacks, cuda::PlainAccess>(op, d, "the ops' own");
-    expect_schedule_computes<T, 2, cuda::PlainAccess>(op, d, "2 packs");
-    expect_schedule_computes<T, 8, cuda::PlainAccess>(op, d, "8 packs");
-    expect_schedule_computes<T, 16, cuda::PlainAccess>(op, d, "16 packs");
-    expect_schedule_computes<T, cuda::kRowPacks, cuda::OrderedAccess>(op, d, "ordered stores");
-    expect_schedule_computes<T, 8, cuda::OrderedAccess>(op, d, "8 packs ordered stores");
-    expect_schedule_computes<T, cuda::kRowPacks, cuda::StreamingAccess>(op, d, "streaming");
-    expect_schedule_computes<T, 8, cuda::StreamingAccess>(op, d, "8 packs streaming");
+    expect_schedule_computes<rms_norm_cuda::OwnRow<T>>(op, d, "the ops' own");
+    expect_schedule_computes<CachedRow<T, 2>>(op, d, "2 packs");
+    expect_schedule_computes<CachedRow<T, 8>>(op, d, "8 packs");
+    expect_schedule_computes<CachedRow<T, 16>>(op, d, "16 packs");
+    expect_same_bits_as_cached<CachedRow<T, cuda::kRowPacks, OrderedAccess>>(op, d, "ordered stores");
+    expect_same_bits_as_cached<CachedRow<T, 8, OrderedAccess>>(op, d, "8 packs ordered stores");
+    expect_same_bits_as_cached<CachedRow<T, cuda::kRowPacks, StreamingAccess>>(op, d, "streaming");
+    expect_same_bits_as_cached<CachedRow<T, 8, StreamingAccess>>(op, d, "8 packs streaming");
+    expect_same_bits_as_cached<StagedRow<T, 4>>(op, d, "staged, 4 packs");
+    expect_same_bits_as_cached<StagedRow<T, 8>>(op, d, "staged, 8 packs");
+    expect_same_bits_as_cached<RereadRow<T, 4, 2>>(op, d, "reread, 4 packs, 2 at a time");
+    expect_same_bits_as_cached<RereadRow<T, 4, 2, false>>(op, d, "reread, 4 packs, 2 at a time, no hints");
+    expect_same_bits_as_cached<RereadRow<T, 4, 1>>(op, d, "reread, 4 packs, 1 at a time");
+    expect_same_bits_as_cached<RereadRow<T, 2, 1>>(op, d, "reread, 2 packs, 1 at a time");
+    expect_same_bits_as_cached<RereadRow<T, 8, 2>>(op, d, "reread, 8 packs, 2 at a time");
+    expect_same_bits_as_cached<RereadRow<T, 16, 4>>(op, d, "reread, 16 packs, 4 at a time");
   }
+}
+
+// A row longer than a StagedRow holds has no threads (the op would take its other kernel).
+TEST(RowSchedules, RowTypesSayWhichRowsTheyHold) {
+  constexpr int64_t staged_floats = cuda::kStagedPacks * 4;
+  EXPECT_GT((cuda::contiguous_row_threads<cuda::StagedRow<float, 8>>(staged_floats)), 0);
+  EXPECT_EQ((cuda::contiguous_row_threads<cuda::StagedRow<float, 8>>(staged_floats + 4)), 0);
+  EXPECT_EQ((cuda::contiguous_row_threads<cuda::CachedRow<float, 8>>(staged_floats + 4)), 128 + 32);
+  EXPECT_EQ((cuda::contiguous_row_threads<cuda::RereadRow<float, 16, 4>>(4096)), 64);
+  EXPECT_EQ((cuda::contiguous_row_threads<cuda::RereadRow<__nv_bfloat16, 4, 2>>(4096)), 128);
+  EXPECT_EQ((cuda::contiguous_row_threads<cuda::CachedRow<float, 4>>(int64_t{4} * 4 * cuda::kMaxRowThreads + 4)), 0);
 }
 
 // Rows of whole warps' packs, rows that leave threads without a pack, and a row shorter than one
@@ -231,9 +275,10 @@ TEST(Schedules, TheBenchmarkRunsEverySchedule) {
     ++per_op_dtype[l.substr(14, dtype_end - 14)];
   }
   // rms_norm and layer_norm: the op's own and 2/4/8/16 plain, 4/8 ordered, 4/8 streaming, 4/8
-  // staged; silu and copy: the ops' own and 8 others; in both dtypes.
+  // staged, 5 reread; silu and copy: the ops' own and 8 others; in
+  // both dtypes.
   for (const char* dtype : {"float32", "bfloat16"}) {
-    for (const char* op : {"rms_norm", "layer_norm"}) EXPECT_EQ((per_op_dtype[std::string(op) + "," + dtype]), 11) << op;
+    for (const char* op : {"rms_norm", "layer_norm"}) EXPECT_EQ((per_op_dtype[std::string(op) + "," + dtype]), 16) << op;
     for (const char* op : {"silu", "copy"}) EXPECT_EQ((per_op_dtype[std::string(op) + "," + dtype]), 9) << op;
   }
   // matmul_q for one token, one launch (the op's) and two, in both formats.

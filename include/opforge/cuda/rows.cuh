@@ -5,7 +5,11 @@
 //   packs per thread and the kind of load and store are template parameters, so that
 //   bench/schedules_cuda.cu can time other choices of the same kernels beside the ops' own;
 // - StridedRow: any other row, read in place on every pass (the first kernels' way).
-// A kernel body written once against row.each / row.store runs on either.
+// A kernel body written once against row.each / row.store runs on either, and on the contiguous
+// rows of cuda/schedule_variants.cuh (staged in shared memory, reread per pass) that
+// bench/schedules_cuda.cu times against CachedRow. A contiguous row type names its element type
+// (Element), its packs per thread (kThreadPacks) and the longest row it holds (kMaxPacks), so that
+// contiguous_row_threads sizes any of them.
 #pragma once
 
 #include <algorithm>
@@ -16,6 +20,10 @@
 namespace opforge::cuda {
 
 inline constexpr int kRowPacks = 4;  // packs per thread in a CachedRow
+
+// The most threads a contiguous row kernel runs with: its kernels declare it (__launch_bounds__),
+// so the compiler keeps them within the registers a block that size may have.
+inline constexpr int kMaxRowThreads = 512;
 
 // v reduced over the block with op (blockDim.x a multiple of 32), the same value in every
 // thread: warp shuffles, then the warps' results in a fixed order.
@@ -141,7 +149,10 @@ struct StridedRow {
 // kPacks packs per thread; this thread's packs are threadIdx.x + k * blockDim.x.
 template <typename T, int kPacks = kRowPacks, class Access = PlainAccess>
 struct CachedRow {
+  using Element = T;
   using P = Pack<T>;
+  static constexpr int kThreadPacks = kPacks;
+  static constexpr int64_t kMaxPacks = int64_t(kPacks) * kMaxRowThreads;
   P packs[kPacks];
   int64_t count;  // packs in the row
 
@@ -207,10 +218,6 @@ struct CachedRow {
   }
 };
 
-// The most threads a CachedRow kernel runs with: its kernels declare it (__launch_bounds__), so
-// the compiler keeps them within the registers a block that size may have.
-inline constexpr int kMaxRowThreads = 512;
-
 // Threads per block for CachedRow (`packs` packs per thread: its kPacks) over rows of n elements
 // of elem_bytes each, a whole number of packs, or 0 where that is more than kMaxRowThreads.
 inline int row_threads(int64_t n, int elem_bytes, int packs = kRowPacks) {
@@ -232,6 +239,24 @@ inline int cached_row_threads(const TensorView& x, const TensorView& out, int el
   for (const TensorView* c : columns)
     if (c && (c->stride(0) != 1 || !aligned16(c->data))) return 0;
   return row_threads(n, elem_bytes, packs);
+}
+
+// cached_row_threads for a kernel over contiguous rows of type Row (CachedRow or one of
+// cuda/schedule_variants.cuh's): its packs per thread, and 0 where a row is longer than Row holds.
+template <class Row>
+int contiguous_row_threads(const TensorView& x, const TensorView& out,
+                           std::initializer_list<const TensorView*> columns = {}) {
+  constexpr int elem_bytes = sizeof(typename Row::Element);
+  if (x.size(-1) / (16 / elem_bytes) > Row::kMaxPacks) return 0;
+  return cached_row_threads(x, out, elem_bytes, columns, Row::kThreadPacks);
+}
+
+// row_threads for Row over rows of n elements (contiguous, 16-byte aligned), 0 where they are too
+// long for it.
+template <class Row>
+int contiguous_row_threads(int64_t n) {
+  constexpr int elem_bytes = sizeof(typename Row::Element);
+  return n / (16 / elem_bytes) > Row::kMaxPacks ? 0 : row_threads(n, elem_bytes, Row::kThreadPacks);
 }
 
 // Chunks of rows for a kernel that runs a block per chunk and keeps column sums across its rows

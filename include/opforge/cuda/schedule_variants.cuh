@@ -1,7 +1,8 @@
 // The schedules bench/schedules_cuda.cu times beside the ops' own (cuda::PlainAccess, CachedRow):
-// other loads and stores for CachedRow and map_contiguous, and a row staged in shared memory.
-// No op uses them; an op adopts one (its OwnAccess, MapSchedule's defaults) once it is measured
-// faster, and it then moves beside PlainAccess.
+// other loads and stores for CachedRow and map_contiguous, a row staged in shared memory and a
+// row reread from the caches on every pass. No op uses them; an op adopts one (its OwnRow,
+// MapSchedule's defaults) once it is measured faster, and it then moves beside PlainAccess and
+// CachedRow.
 #pragma once
 
 #include <cstring>
@@ -56,7 +57,10 @@ inline constexpr int kStagedPacks = 1024;  // 16 KB
 
 template <typename T, int kPacks>
 struct StagedRow {
+  using Element = T;
   using P = Pack<T>;
+  static constexpr int kThreadPacks = kPacks;
+  static constexpr int64_t kMaxPacks = kStagedPacks;
   const P* packs;
   int64_t count;  // packs in the row
 
@@ -78,6 +82,94 @@ struct StagedRow {
   // out[i] = f(x[i], c) with c[q] = column operand q at i, the operands read in packs.
   template <int E, class F> __device__ void store(T* out, const Columns<T, E>& cols, F f) const {
     for_row_packs<kPacks>(count, [&](int, int64_t j) { store_with_columns<PlainAccess>(out, j, packs[j], cols, f); });
+  }
+};
+
+// A 16-byte load whose lines L1 and L2 evict after others (kLast) or before them (!kLast): the
+// eviction_policy='evict_last' / 'evict_first' of a Triton load, lowered as Triton lowers it on
+// sm_80 and later (an L1 eviction priority, and an L2 cache policy from createpolicy). Volatile, with
+// a memory clobber, so that it stays in program order with the kernel's stores (out may be x).
+template <bool kLast, class P>
+__device__ __forceinline__ P load_with_eviction(const P* p) {
+  static_assert(sizeof(P) == 16);
+#ifndef CUDA_EMU_ARCH
+  unsigned w[4];
+  unsigned long long policy;
+  if constexpr (kLast) {
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("ld.global.L1::evict_last.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "l"(p), "l"(policy)
+                 : "memory");
+  } else {
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("ld.global.L1::evict_first.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "l"(p), "l"(policy)
+                 : "memory");
+  }
+  P v;
+  memcpy(&v, w, sizeof(v));
+  return v;
+#else
+  return *p;
+#endif
+}
+
+// A contiguous, 16-byte aligned row of n elements (a whole number of packs) read from global
+// memory again on every pass, as inductor's looped reductions read theirs (the norms at 4096
+// columns: a sum pass, then a pass that reloads and stores): only the first pass's bytes come from
+// HBM, the later ones mostly from L1 and L2. A thread holds kGroup packs at a time, not the whole
+// row's kPacks as CachedRow does, so it needs fewer registers and an SM holds more rows. Each
+// thread walks CachedRow's packs (threadIdx.x + k * blockDim.x, k = 0..kPacks-1) in CachedRow's
+// order, kGroup loads issued before the first is used: the same sums, the same bits. With kHinted,
+// each() loads evict-last (the row is read again) and the store pass evict-first (its last read),
+// as inductor's kernels ask; without, plain loads, to time the hints apart. RereadRow<float, 4, 2>
+// at 4096 columns is inductor's schedule for them (256 threads, 2048 columns a step, 8 per thread).
+template <typename T, int kPacks, int kGroup = 1, bool kHinted = true>
+struct RereadRow {
+  static_assert(kPacks % kGroup == 0);
+  using Element = T;
+  using P = Pack<T>;
+  static constexpr int kThreadPacks = kPacks;
+  static constexpr int64_t kMaxPacks = int64_t(kPacks) * kMaxRowThreads;
+  const P* row;
+  int64_t count;  // packs in the row
+
+  __device__ RereadRow(const T* x, int64_t n) : row(reinterpret_cast<const P*>(x)), count(n / P::kSize) {}
+
+  template <class F> __device__ void each(F f) const {
+    in_groups<true>([&](int64_t j, const P& v) {
+#pragma unroll
+      for (int e = 0; e < P::kSize; ++e) f(j * P::kSize + e, static_cast<Acc<T>>(v.v[e]));
+    });
+  }
+  // out[i] = f(x[i], c) with c[q] = column operand q at i, the operands read in packs.
+  template <int E, class F> __device__ void store(T* out, const Columns<T, E>& cols, F f) const {
+    in_groups<false>([&](int64_t j, const P& v) { store_with_columns<PlainAccess>(out, j, v, cols, f); });
+  }
+
+ private:
+  // body(j, pack j) for this thread's packs in order, kGroup loaded at a time (evict-last loads if
+  // kAgain: the row is read again).
+  template <bool kAgain, class B> __device__ __forceinline__ void in_groups(B body) const {
+#pragma unroll
+    for (int g = 0; g < kPacks; g += kGroup) {
+      P v[kGroup];
+#pragma unroll
+      for (int k = 0; k < kGroup; ++k) {
+        const int64_t j = threadIdx.x + int64_t(g + k) * blockDim.x;
+        if (j < count) {
+          if constexpr (kHinted) v[k] = load_with_eviction<kAgain>(row + j);
+          else v[k] = row[j];
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kGroup; ++k) {
+        const int64_t j = threadIdx.x + int64_t(g + k) * blockDim.x;
+        if (j < count) body(j, v[k]);
+      }
+    }
   }
 };
 
