@@ -15,10 +15,16 @@
 // - the elementwise kernel (cuda::map_contiguous, with silu's functor and as a plain copy): packs
 //   per thread, a thread's packs a grid apart (the ops' own) or each block's packs one contiguous
 //   tile (as Triton lays out inductor's pointwise kernels), block size, streaming loads and stores.
+// - scatter_add's summing kernel (ops/scatter_add/scatter_add.cuh; 16384 rows into 16 buckets of
+//   4096 columns: 65536 outputs, each the in-order sum of its bucket's 1024 rows): source rows loaded
+//   ahead of the adds (16, 32 = the op's own, 64), threads per block, and 2 or 4 adjacent outputs
+//   per thread read as one vector (fewer, wider loads; a block reads longer runs of each row);
+//   the sort and the index check around it are not timed here;
 // - matmul_q for one token (ops/matmul_q/matmul_q.cuh): one launch, the gemv quantizing the row
 //   itself (the op's way since 6e5da0d, untimed), and two, x quantized into a workspace first.
 // The H200 run at db57f81 had the norms at 95-97% of the copy, 0.95-0.96x torch.compile's kernels,
-// silu/relu at 97-98%, 0.97-0.98x, and a token's matmul_q at 25.6 us in either format. Each
+// silu/relu at 97-98%, 0.97-0.98x, scatter_add at 28% (the whole op), 0.58x, and a token's
+// matmul_q at 25.6 us in either format. Each
 // schedule's blocks per SM (registers decide it for CachedRow: a row's bytes in flight live in
 // them), registers and local memory per thread are printed beside its time.
 //
@@ -49,6 +55,7 @@
 #include "ops/layer_norm/layer_norm.cuh"
 #include "ops/matmul_q/matmul_q.cuh"
 #include "ops/rms_norm/rms_norm.cuh"
+#include "ops/scatter_add/scatter_add.cuh"
 
 namespace {
 
@@ -458,6 +465,117 @@ bool run_matmul_q(int64_t n, int64_t k, int64_t l2_bytes, float copy_gbps, int r
   return ok;
 }
 
+// scatter_add's summing kernel (ops/scatter_add/scatter_add.cuh): rows x n source rows into
+// `buckets` output rows, dim 0 (the benchmark's layout), the index random, the sort's results (each
+// bucket's positions in increasing order, the buckets' starts) made on the host; the op's other
+// kernels (index check, sort) are not timed here. Every schedule adds in the same order: the
+// outputs must be equal. Sources rotated past three times the L2. Returns false if any differs.
+template <typename T, class S>
+void launch_scatter_sum(T* out, const T* src, const scatter_cuda::SliceIndexers& s, const int64_t* start,
+                        const int64_t* order, int64_t buckets, cudaStream_t stream) {
+  const int64_t total = buckets * s.inner_size;
+  scatter_add_cuda::sum_kernel<T, S><<<cuda::blocks_for(total / S::kColumns, S::kThreads), S::kThreads, 0, stream>>>(
+      out, src, s, start, order, buckets, total);
+}
+
+template <typename T>
+bool run_scatter_add(const char* dtype, int64_t rows, int64_t n, int64_t buckets, int sets, float copy_gbps,
+                     int repeats, std::vector<Row>& table) {
+  namespace sa = scatter_add_cuda;
+  std::vector<int64_t> index(rows), order, start(buckets + 1, 0);
+  std::mt19937 gen(17);
+  for (int64_t& v : index) v = static_cast<int64_t>(gen() % buckets);
+  for (int64_t b = 0; b < buckets; ++b) {  // a stable sort by bucket
+    start[b] = static_cast<int64_t>(order.size());
+    for (int64_t r = 0; r < rows; ++r)
+      if (index[r] == b) order.push_back(r);
+  }
+  start[buckets] = rows;
+  int64_t *d_order = nullptr, *d_start = nullptr;
+  check(cudaMalloc(&d_order, rows * sizeof(int64_t)), "cudaMalloc");
+  check(cudaMalloc(&d_start, (buckets + 1) * sizeof(int64_t)), "cudaMalloc");
+  check(cudaMemcpy(d_order, order.data(), rows * sizeof(int64_t), cudaMemcpyHostToDevice), "order");
+  check(cudaMemcpy(d_start, start.data(), (buckets + 1) * sizeof(int64_t), cudaMemcpyHostToDevice), "start");
+  std::vector<T*> src(sets);
+  for (int set = 0; set < sets; ++set) src[set] = device_array<T>(rows * n, 31 + set);
+  T *out = device_array<T>(buckets * n, 0), *own_out = device_array<T>(buckets * n, 0);
+  check(cudaDeviceSynchronize(), "fill");
+  scatter_cuda::SliceIndexers s;  // [n] slices along dim 0, contiguous
+  s.inner.rank = 1;
+  s.inner.narrow = true;
+  s.inner.shape[0] = n;
+  s.inner.strides[0] = 1;
+  s.inner_size = n;
+  s.step = n;
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+
+  struct Way {
+    std::string label;
+    const void* kernel;
+    int threads, columns;
+    void (*launch)(T*, const T*, const scatter_cuda::SliceIndexers&, const int64_t*, const int64_t*, int64_t,
+                   cudaStream_t);
+  };
+  std::vector<Way> ways;
+  const auto add = [&]<class S>(std::type_identity<S>, const char* own) {
+    ways.push_back({std::to_string(S::kAhead) + " rows ahead, " + std::to_string(S::kThreads) + " threads, " +
+                        std::to_string(S::kColumns) + (S::kColumns == 1 ? " column" : " columns") + own,
+                    reinterpret_cast<const void*>(sa::sum_kernel<T, S>), S::kThreads, S::kColumns,
+                    launch_scatter_sum<T, S>});
+  };
+  using sa::SumSchedule;
+  add(std::type_identity<sa::OwnSum>{}, " (the op's)");
+  add(std::type_identity<SumSchedule<16, 256, 1>>{}, "");
+  add(std::type_identity<SumSchedule<64, 256, 1>>{}, "");
+  add(std::type_identity<SumSchedule<32, 128, 1>>{}, "");
+  add(std::type_identity<SumSchedule<16, 128, 2>>{}, "");
+  add(std::type_identity<SumSchedule<32, 128, 2>>{}, "");
+  add(std::type_identity<SumSchedule<8, 128, 4>>{}, "");
+  add(std::type_identity<SumSchedule<16, 128, 4>>{}, "");
+  add(std::type_identity<SumSchedule<16, 64, 4>>{}, "");
+
+  bool ok = true;
+  std::vector<float> diffs(ways.size(), 0.0f);
+  std::vector<std::function<void(int)>> launches;
+  for (size_t i = 0; i < ways.size(); ++i) {
+    if (!sa::columns_fit(ways[i].columns, s, src[0], out, sizeof(T))) {
+      launches.emplace_back();
+      continue;
+    }
+    ways[i].launch(i ? out : own_out, src[0], s, d_start, d_order, buckets, stream);
+    check(cudaGetLastError(), ways[i].label.c_str());
+    diffs[i] = max_difference(i ? out : own_out, own_out, buckets * n, stream).first;
+    if (!(diffs[i] == 0.0f)) {
+      std::fprintf(stderr, "schedules_cuda: scatter_add %s %s differs from the op's own by %g\n", dtype,
+                   ways[i].label.c_str(), diffs[i]);
+      ok = false;
+    }
+    launches.push_back([&, w = ways[i]](int set) { w.launch(out, src[set], s, d_start, d_order, buckets, stream); });
+  }
+  const std::vector<float> us = median_times(launches, sets, repeats, stream);
+  const double bytes = double(rows * n + buckets * n) * sizeof(T) + rows * sizeof(int64_t);
+  const std::string op = "scatter_add " + std::to_string(rows) + "x" + std::to_string(n) + " into " +
+                         std::to_string(buckets);
+  for (size_t i = 0; i < ways.size(); ++i) {
+    if (!launches[i]) continue;
+    cudaFuncAttributes attr{};
+    check(cudaFuncGetAttributes(&attr, ways[i].kernel), "attributes");
+    int blocks = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, ways[i].kernel, ways[i].threads, 0), "occupancy");
+    const float gbps = static_cast<float>(bytes / (us[i] * 1e3));
+    table.push_back({op, dtype, ways[i].label, ways[i].threads, attr.numRegs, static_cast<int>(attr.localSizeBytes),
+                     blocks, us[i], gbps, 100.0f * gbps / copy_gbps, us[0] / us[i], diffs[i]});
+  }
+  for (T* p : src) cudaFree(p);
+  cudaFree(out);
+  cudaFree(own_out);
+  cudaFree(d_order);
+  cudaFree(d_start);
+  cudaStreamDestroy(stream);
+  return ok;
+}
+
 // The device-to-device copy's bandwidth (read + write) over buffers of `bytes`, median of repeats.
 float copy_gbps(int64_t bytes, int repeats) {
   void *src, *dst;
@@ -503,6 +621,8 @@ int schedules_cuda_main(int argc, char** argv) {
   std::vector<Row> table;
   bool ok = run<float>("float32", rows, n, sets, copy, repeats, table);
   ok = run<__nv_bfloat16>("bfloat16", rows, n, sets, copy, repeats, table) && ok;
+  ok = run_scatter_add<float>("float32", rows, n, 16, sets, copy, repeats, table) && ok;
+  ok = run_scatter_add<__nv_bfloat16>("bfloat16", rows, n, 16, sets, copy, repeats, table) && ok;
   ok = run_matmul_q<quant::Format::q4_0>(n, n, prop.l2CacheSize, copy, repeats, table) && ok;
   ok = run_matmul_q<quant::Format::q8_0>(n, n, prop.l2CacheSize, copy, repeats, table) && ok;
 
