@@ -71,7 +71,7 @@ int64_t grid_cap();
 int64_t set_grid_cap(int64_t blocks);
 
 // The kernels launched since the last call, oldest first, each as its launch site names it:
-// "cached_kernel<T> (ops/rms_norm/rms_norm_cuda.cu:52)".
+// "contiguous_kernel<T> (ops/rms_norm/rms_norm_cuda.cu:26)".
 std::vector<std::string> take_launches();
 
 // Each launch and each CUDA runtime call that runs on a stream, with that stream (nullptr for the

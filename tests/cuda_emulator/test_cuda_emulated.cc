@@ -122,7 +122,7 @@ TEST(CudaEmulated, SharedKernelsAreReached) {
 INSTANTIATE_TEST_SUITE_P(Ops, AgainstCpu, ::testing::ValuesIn(emulated_ops()),
                          [](const auto& info) { return info.param; });
 
-// Which kernel a layout reaches: the packed and cached paths for contiguous aligned rows, the
+// Which kernel a layout reaches: the packed and contiguous-row paths for contiguous aligned rows, the
 // general ones otherwise, the fused backward while rows fit.
 TEST(CudaEmulated, LayoutsPickTheirKernels) {
   std::mt19937 rng(7);
@@ -132,7 +132,7 @@ TEST(CudaEmulated, LayoutsPickTheirKernels) {
     return all;
   };
   const Inputs rows{{make(DType::float32, {4, 256}, Layout::contiguous, rng), make(DType::float32, {256}, Layout::contiguous, rng)}, {1e-6}};
-  EXPECT_NE(kernels_for("rms_norm", rows).find("cached_kernel"), std::string::npos);
+  EXPECT_NE(kernels_for("rms_norm", rows).find("contiguous_kernel"), std::string::npos);
   const Inputs odd{{make(DType::float32, {4, 256}, Layout::misaligned, rng), make(DType::float32, {256}, Layout::contiguous, rng)}, {1e-6}};
   EXPECT_NE(kernels_for("rms_norm", odd).find("strided_kernel"), std::string::npos);
   const Inputs back{{make(DType::float32, {300, 64}, Layout::contiguous, rng), make(DType::float32, {300, 64}, Layout::contiguous, rng),
