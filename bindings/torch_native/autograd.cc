@@ -8,10 +8,13 @@
 // - no input needing a gradient: straight to the kernel below autograd (the common case, and
 //   the reason this exists: a Python autograd kernel runs Python on every call);
 // - otherwise: run below autograd (the op's declared saving forward instead, if it has one,
-//   keeping its extra results), then attach a node that calls the declared backward op through
-//   torch's dispatcher, its arguments bound by name ("grad", "result", a saved result's name,
-//   or the forward argument of that name), as python/opforge/torch.py and python/opforge/jax.py do.
-//   Gradients declared as the cotangent itself (OpDef::identity_gradient) are handed through
+//   keeping its extra results), then attach a node that calls the declared backward op, its
+//   arguments bound by name ("grad", "result", a saved result's name, or the forward argument
+//   of that name), as python/opforge/torch.py and python/opforge/jax.py do.
+//   "Below autograd" and the backward op are opforge's CPU kernel run straight on plain CPU
+//   tensors (cpu_direct.h, as the direct call behind opforge.torch runs a forward) where nothing
+//   else must see the call, and torch's dispatcher otherwise (other devices, FakeTensors, modes,
+//   functorch, the tracer): the stable ABI's boxed hop costs microseconds a call. Gradients declared as the cotangent itself (OpDef::identity_gradient) are handed through
 //   where the input has the result's shape, and the backward op runs only if another is wanted,
 //   asked (OpDef::output_mask_slot) for the wanted ones only. Arguments it reads only the shape
 //   of (OpDef::shape_only) are kept as sizes, not tensors.
@@ -25,6 +28,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,6 +40,7 @@
 #include <vector>
 
 #include "bindings/torch_native/autocast.h"
+#include "bindings/torch_native/cpu_direct.h"
 #include "opforge/registry.h"
 
 #define OPFORGE_TORCH_EXPORT extern "C" __attribute__((visibility("default")))
@@ -72,6 +78,9 @@ struct Plan {
   std::vector<Source> backward_args;              // per backward schema argument
   std::vector<size_t> gradient_of;                // backward result i -> forward argument index
   std::optional<c10::OperatorHandle> backward_op;  // defined with the forward op, before we load
+  const OpDef* backward_def = nullptr;             // its opforge declaration
+  const OpDef* forward_def = nullptr;              // the op's
+  const OpDef* saving_def = nullptr;               // the saving forward's
   std::optional<c10::OperatorHandle> saving_op;    // run instead of the op when differentiating
   size_t num_saved = 0;                            // its results after the first
 };
@@ -87,6 +96,51 @@ struct Plan {
     case 2: TORCH_CHECK_NOT_IMPLEMENTED(false, message);
     default: throw;
   }
+}
+
+// An opforge error from a kernel run here, as the typed c10 error Python sees as its type.
+[[noreturn]] void throw_typed(const Error& error) {
+  switch (error.kind()) {
+    case ErrorKind::type: TORCH_CHECK_TYPE(false, error.what());
+    case ErrorKind::value: TORCH_CHECK_VALUE(false, error.what());
+    case ErrorKind::not_implemented: TORCH_CHECK_NOT_IMPLEMENTED(false, error.what());
+    case ErrorKind::runtime: break;
+  }
+  TORCH_CHECK(false, error.what());
+}
+
+void redispatch_below_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+
+std::atomic<uint64_t> direct_backward_calls{0};  // for the tests: whether this path is taken
+
+// op's kernel straight on the stack's arguments from `start` on where they are plain CPU tensors
+// and nothing else must see the call (cpu_direct.h): its results replace them, as the dispatcher
+// leaves them. False, the stack untouched, where the dispatcher must run it: a dispatch mode,
+// functorch transform or tracer (torch.compile's tracing of the backward), another device, and,
+// unless called from op's own autograd kernel (below_autograd), a tensor that needs a gradient
+// (a backward op under create_graph: its autograd kernel records the graph).
+bool call_directly(const OpDef& op, torch::jit::Stack& stack, size_t start, bool below_autograd) {
+  if (!thread_allows_direct(op)) return false;
+  const std::optional<OpInputs> inputs =
+      plain_inputs(op, c10::ArrayRef<c10::IValue>(stack).slice(start), below_autograd);
+  if (!inputs) return false;
+  std::vector<at::Tensor> results;
+  try {
+    // Without the GIL: the engine runs backward ops without it, and the dispatcher's callers
+    // (torch's Python bindings) release it.
+    results = run_on_cpu(op, *inputs, /*holds_gil=*/false);
+  } catch (const Error& error) {
+    throw_typed(error);
+  }
+  stack.erase(stack.begin() + static_cast<std::ptrdiff_t>(start), stack.end());
+  for (at::Tensor& r : results) stack.emplace_back(std::move(r));
+  return true;
+}
+
+// op below autograd: its kernel straight where call_directly can, else the dispatcher's next keys.
+void run_below_autograd(const OpDef& def, const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                        torch::jit::Stack* stack, size_t start) {
+  if (!call_directly(def, *stack, start, /*below_autograd=*/true)) redispatch_below_autograd(op, keys, stack);
 }
 
 void redispatch_below_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
@@ -208,10 +262,14 @@ class OpforgeBackward final : public torch::autograd::Node {
         case Source::output_mask: stack.emplace_back(mask); break;
       }
     }
-    try {
-      plan.backward_op->callBoxed(stack);
-    } catch (const std::exception& error) {
-      rethrow_typed(error);
+    if (call_directly(*plan.backward_def, stack, 0, /*below_autograd=*/false)) {
+      direct_backward_calls.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      try {
+        plan.backward_op->callBoxed(stack);
+      } catch (const std::exception& error) {
+        rethrow_typed(error);
+      }
     }
     for (size_t r = 0; r < plan.gradient_of.size() && r < stack.size(); ++r) {
       const size_t i = plan.gradient_of[r];
@@ -273,7 +331,7 @@ class AutogradKernel final : public c10::OperatorKernel {
     const Plan& plan = *plan_;
     const size_t start = stack->size() - plan.num_args;
     refuse_forward_ad(plan, *stack, start);
-    if (!any_requires_grad(plan, *stack, start)) return redispatch_below_autograd(op, keys, stack);
+    if (!any_requires_grad(plan, *stack, start)) return run_below_autograd(*plan.forward_def, op, keys, stack, start);
 
     // Edges to every tensor argument's gradient; none for arguments declared not differentiable
     // (they get no gradient, as in the declaration) or absent (None).
@@ -296,7 +354,8 @@ class AutogradKernel final : public c10::OperatorKernel {
 
     // The saving forward takes the same arguments and returns the op's result first; its other
     // results are kept for the backward op and dropped from the stack.
-    redispatch_below_autograd(plan.saving_op ? *plan.saving_op : op, keys, stack);
+    if (plan.saving_op) run_below_autograd(*plan.saving_def, *plan.saving_op, keys, stack, start);
+    else run_below_autograd(*plan.forward_def, op, keys, stack, start);
     const size_t first_result = stack->size() - plan.num_saved - plan.num_results;
     const at::Tensor result = (*stack)[first_result].toTensor();
 
@@ -335,6 +394,7 @@ std::shared_ptr<Plan> make_plan(const OpDef& op) {
   auto plan = std::make_shared<Plan>();
   const auto& args = op.schema().args;
   plan->name = op.name();
+  plan->forward_def = &op;
   plan->num_args = args.size();
   plan->num_results = static_cast<size_t>(op.schema().num_results);
   plan->is_tensor.resize(args.size());
@@ -356,9 +416,12 @@ std::shared_ptr<Plan> make_plan(const OpDef& op) {
   plan->backward_op = c10::Dispatcher::singleton().findSchemaOrThrow(("opforge::" + op.backward_op()).c_str(), "");
   const OpDef* bwd_def = lookup_op(op.backward_op());
   TORCH_CHECK(bwd_def, op.name(), "(): backward op '", op.backward_op(), "' is not registered with opforge");
+  plan->backward_def = bwd_def;
   const std::vector<std::string>& saved = op.saved();
   if (!op.saving_op().empty()) {
     plan->saving_op = c10::Dispatcher::singleton().findSchemaOrThrow(("opforge::" + op.saving_op()).c_str(), "");
+    plan->saving_def = lookup_op(op.saving_op());
+    TORCH_CHECK(plan->saving_def, op.name(), "(): saving op '", op.saving_op(), "' is not registered with opforge");
     plan->num_saved = saved.size();
   }
   for (const c10::Argument& arg : plan->backward_op->schema().arguments()) {
@@ -430,6 +493,11 @@ TORCH_LIBRARY_IMPL(opforge, Autograd, m) {
       opforge::torch_native::load_errors());
   return true;
 }();
+
+// How many backward ops autograd nodes have run straight on plain CPU tensors (call_directly).
+OPFORGE_TORCH_EXPORT uint64_t opforge_torch_native_direct_backward_calls() {
+  return opforge::torch_native::direct_backward_calls.load(std::memory_order_relaxed);
+}
 
 // Empty when every op got its kernel; otherwise one line per problem (opforge.torch raises it).
 OPFORGE_TORCH_EXPORT const char* opforge_torch_native_registration_errors() {

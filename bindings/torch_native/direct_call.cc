@@ -13,18 +13,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/PythonTorchFunctionTLS.h>
-#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "bindings/common/aten_dtype.h"
-#include "opforge/backend.h"
-#include "opforge/dispatch.h"
+#include "bindings/torch_native/cpu_direct.h"
 #include "opforge/registry.h"
 
 #define OPFORGE_TORCH_EXPORT extern "C" __attribute__((visibility("default")))
@@ -33,26 +29,12 @@ namespace opforge::torch_native {
 
 namespace {
 
-using aten::dtype_of;
-using aten::scalar_type_of;
-
 // One op's direct entry: its declaration, the torch op to fall back on and its dispatcher handle.
 struct Entry {
   const OpDef* op;
   PyObject* overload;  // strong reference
   std::optional<c10::OperatorHandle> handle;  // opforge::<name>, found at the first boxed call
 };
-
-// Keys that mean "someone else must see this call": on a tensor, subclasses and FakeTensors
-// (Python), functionalization, functorch's vmap/grad wrappers; in the thread's included set,
-// an active dispatch mode or functorch transform.
-const c10::DispatchKeySet kNeedsDispatcher{
-    c10::DispatchKey::Python,         c10::DispatchKey::PythonTLSSnapshot,
-    c10::DispatchKey::PythonDispatcher, c10::DispatchKey::PreDispatch,
-    c10::DispatchKey::Functionalize,  c10::DispatchKey::FuncTorchDynamicLayerFrontMode,
-    c10::DispatchKey::FuncTorchDynamicLayerBackMode, c10::DispatchKey::FuncTorchBatched,
-    c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::FuncTorchVmapMode,
-    c10::DispatchKey::BatchedNestedTensor};
 
 // Whether a __torch_function__ must see a call with this tensor: a torch function mode is
 // active, or its type (a subclass other than those that disable it, like nn.Parameter) has one.
@@ -76,42 +58,6 @@ bool has_torch_function(PyObject* value) {
   const bool has = attr != disabled;
   Py_DECREF(attr);
   return has;
-}
-
-// A dense CPU tensor of an opforge dtype that nothing else must see: no subclass, functorch
-// wrapper, conjugate or negative view, forward-AD tangent (the op refuses forward AD).
-bool plain_cpu(const at::Tensor& t) {
-  return t.device().type() == c10::DeviceType::CPU && t.layout() == c10::kStrided &&
-         !t.key_set().has_any(kNeedsDispatcher) && !t.is_conj() && !t.is_neg() &&
-         !t._fw_grad(/*level=*/0).defined() && dtype_of(t.scalar_type()).has_value();
-}
-
-// A plain CPU tensor's view for the fast path.
-TensorView view_of(const at::Tensor& t) {
-  TensorView view;
-  view.data = t.data_ptr();  // includes the storage offset
-  view.dtype = *dtype_of(t.scalar_type());
-  view.device = Device{DeviceType::cpu, 0};
-  view.shape.assign(t.sizes().begin(), t.sizes().end());
-  view.strides.assign(t.strides().begin(), t.strides().end());
-  return view;
-}
-
-// Large results come from the CPU backend's memory, which keeps freed blocks mapped (torch's
-// allocator returns them, so each large result would pay its page faults again); as in
-// bindings/torch/call.cc.
-constexpr int64_t kBackendAllocationBytes = int64_t{1} << 20;
-
-// Below this many result elements a kernel takes about as long as handing the GIL over twice.
-constexpr int64_t kReleaseGilElements = 16384;
-
-at::Tensor allocate(Backend& backend, const TensorView& view) {
-  const auto options = at::TensorOptions().dtype(scalar_type_of(view.dtype)).device(at::kCPU);
-  if (view.nbytes() < kBackendAllocationBytes) return at::empty(view.shape, options);
-  void* data = backend.allocate(view.nbytes(), view.device, nullptr);
-  Backend* owner = &backend;
-  auto release = [owner](void* p) { owner->release(p, Device{DeviceType::cpu, 0}, nullptr); };
-  return at::from_blob(data, view.shape, view.strides, release, options);
 }
 
 PyObject* raise(const Error& error) {
@@ -190,9 +136,7 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   // Whether this call may skip the dispatcher. The attributes are converted (and out-of-range
   // ones raise ValueError) either way, so a call that takes the torch op fails as this one would
   // rather than in torch's argument parser.
-  bool direct = !c10::impl::tls_local_dispatch_key_set().included_.has_any(kNeedsDispatcher);
-  // Under torch.autocast("cpu") an op with a cast policy casts in its autocast kernel (autocast.cc).
-  direct = direct && !(op.autocast_policy() != AutocastPolicy::none && at::autocast::is_autocast_enabled(at::kCPU));
+  bool direct = thread_allows_direct(op);
   bool boxed = direct;  // every tensor plain CPU, some needing a gradient: call_boxed
   try {
     const bool grad_mode = at::GradMode::is_enabled();
@@ -250,38 +194,7 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
       }
     }
     if (!direct) return boxed ? call_boxed(*entry, args, inputs) : fall_back();
-    const Outputs results = infer_outputs(op, inputs);
-    const Selection selection = select_kernel(op, inputs);
-    std::vector<at::Tensor> outputs;
-    std::vector<TensorView> views;
-    outputs.reserve(results.size());
-    views.reserve(results.size());
-    for (const OutputSpec& spec : results) {
-      TensorView view{nullptr, spec.dtype, Device{DeviceType::cpu, 0}, spec.shape, contiguous_strides(spec.shape)};
-      try {
-        outputs.push_back(allocate(*selection.backend, view));
-      } catch (const std::exception& error) {  // opforge's Error or torch's c10::Error
-        fail_result_allocation(op, error);
-      }
-      view.data = outputs.back().data_ptr();
-      views.push_back(std::move(view));
-    }
-    int64_t work = 0;
-    for (const TensorView& v : views) work += v.numel();
-    if (work < kReleaseGilElements) {
-      run_kernel(op, selection, inputs, views, nullptr);
-    } else {
-      // Kernels may run long and use the thread pool; other Python threads go on meanwhile.
-      PyThreadState* state = PyEval_SaveThread();
-      try {
-        run_kernel(op, selection, inputs, views, nullptr);
-      } catch (...) {
-        PyEval_RestoreThread(state);
-        throw;
-      }
-      PyEval_RestoreThread(state);
-    }
-    return wrap_results(std::move(outputs));
+    return wrap_results(run_on_cpu(op, inputs, /*holds_gil=*/true));
   } catch (const Error& error) {
     return raise(error);
   } catch (const std::exception& error) {

@@ -22,7 +22,7 @@ from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import opforge.torch as ot  # noqa: E402
-from opforge.testing import FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, strided  # noqa: E402
+from opforge.testing import FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, strided, torch_ops_dispatched  # noqa: E402
 from op_samples import CORE, OPS, WITH_REFERENCE, dtypes, reference, sample  # noqa: E402
 
 DIFFERENTIABLE = [n for n in OPS if CORE[n].backward]
@@ -469,6 +469,79 @@ def test_direct_call_hands_what_it_cannot_run_to_the_torch_op():
     assert "opforge.rms_norm.default" in Recorder.seen
     grad = torch.func.grad(lambda v: ot.rms_norm(v, w).sum())(x)  # functorch: through the op's autograd
     torch.testing.assert_close(grad, torch.autograd.grad(ot.rms_norm(xg, w).sum(), xg)[0])
+
+
+def direct_backward_calls() -> int:
+    import ctypes
+
+    count = ot._native_library.opforge_torch_native_direct_backward_calls
+    count.restype = ctypes.c_uint64
+    return count()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_backward_ops_run_directly_with_the_dispatchers_bits(name, dtype, rng):
+    """An autograd node runs its backward op straight on opforge's kernel when every tensor is a
+    plain CPU one (bindings/torch_native/cpu_direct.h), and through torch's dispatcher when
+    something must see the call (here a dispatch mode, which lists what it saw): the same
+    gradients, bit for bit, and the direct path taken exactly where the backward op runs."""
+    tensors, attrs = sample(name, rng, dtype, grad=True)
+    wanted = [t for t in tensors if t.requires_grad]
+    result = getattr(ot, name)(*tensors, **attrs)
+    g = torch.from_numpy(rng.standard_normal(tuple(result.shape))).to(result.dtype)
+
+    def grads():
+        return torch.autograd.grad(getattr(ot, name)(*tensors, **attrs), wanted, g, allow_unused=True)
+
+    before = direct_backward_calls()
+    direct = grads()
+    ran_directly = direct_backward_calls() - before
+    dispatched = []
+    seen = torch_ops_dispatched(lambda: dispatched.extend(grads()))
+    assert direct_backward_calls() - before == ran_directly, "the dispatch mode's call went around the dispatcher"
+    assert ran_directly == seen.count(CORE[name].backward[0]), seen
+    for a, b in zip(direct, dispatched):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+def test_direct_backward_ops_appear_in_torchs_profiler():
+    """The direct paths (forward and backward) are listed under the op's name, as the dispatcher's
+    calls are."""
+    x = torch.randn(8, 16, requires_grad=True)
+    w = torch.randn(16)
+    before = direct_backward_calls()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        ot.rms_norm(x, w).sum().backward()
+        ot.relu(x.detach())
+    names = {e.key for e in prof.key_averages()}
+    assert direct_backward_calls() - before == 1
+    assert {"opforge::rms_norm_backward", "opforge::relu"} <= names, sorted(names)
+
+
+def test_direct_backward_op_errors_keep_their_type():
+    """An opforge error from a backward op run directly reaches Python with its type: rms_norm's
+    weight swapped for one of another dtype after the forward."""
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(4)
+    out = ot.rms_norm(x, w)
+    w.data = torch.randn(4, dtype=torch.float64)  # the saved weight now disagrees with x
+    with pytest.raises(TypeError, match=r"rms_norm_backward\(\)"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("wants_grad", [False, True])
+def test_jit_trace_records_the_op(wants_grad):
+    """torch.jit.trace sees opforge.torch's calls and torch.ops.opforge's (the direct paths once
+    ran them past the tracer, which then recorded only the result's allocation)."""
+    x = torch.randn(3, 4).requires_grad_(wants_grad)
+    for call in (ot.relu, torch.ops.opforge.relu):
+        traced = torch.jit.trace(lambda a: call(a) + 1, (x,))
+        assert "opforge::relu" in str(traced.graph), traced.graph
+        y = torch.randn(3, 4)
+        torch.testing.assert_close(traced(y), torch.relu(y) + 1, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("wants_grad", [False, True])
