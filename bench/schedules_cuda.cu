@@ -470,14 +470,6 @@ bool run_matmul_q(int64_t n, int64_t k, int64_t l2_bytes, float copy_gbps, int r
 // bucket's positions in increasing order, the buckets' starts) made on the host; the op's other
 // kernels (index check, sort) are not timed here. Every schedule adds in the same order: the
 // outputs must be equal. Sources rotated past three times the L2. Returns false if any differs.
-template <typename T, class S>
-void launch_scatter_sum(T* out, const T* src, const scatter_cuda::SliceIndexers& s, const int64_t* start,
-                        const int64_t* order, int64_t buckets, cudaStream_t stream) {
-  const int64_t total = buckets * s.inner_size;
-  scatter_add_cuda::sum_kernel<T, S><<<cuda::blocks_for(total / S::kColumns, S::kThreads), S::kThreads, 0, stream>>>(
-      out, src, s, start, order, buckets, total);
-}
-
 template <typename T>
 bool run_scatter_add(const char* dtype, int64_t rows, int64_t n, int64_t buckets, int sets, float copy_gbps,
                      int repeats, std::vector<Row>& table) {
@@ -515,14 +507,14 @@ bool run_scatter_add(const char* dtype, int64_t rows, int64_t n, int64_t buckets
     const void* kernel;
     int threads, columns;
     void (*launch)(T*, const T*, const scatter_cuda::SliceIndexers&, const int64_t*, const int64_t*, int64_t,
-                   cudaStream_t);
+                   int64_t, cudaStream_t);
   };
   std::vector<Way> ways;
   const auto add = [&]<class S>(std::type_identity<S>, const char* own) {
     ways.push_back({std::to_string(S::kAhead) + " rows ahead, " + std::to_string(S::kThreads) + " threads, " +
                         std::to_string(S::kColumns) + (S::kColumns == 1 ? " column" : " columns") + own,
                     reinterpret_cast<const void*>(sa::sum_kernel<T, S>), S::kThreads, S::kColumns,
-                    launch_scatter_sum<T, S>});
+                    sa::launch_sum<T, S>});
   };
   using sa::SumSchedule;
   add(std::type_identity<sa::OwnSum>{}, " (the op's)");
@@ -543,7 +535,7 @@ bool run_scatter_add(const char* dtype, int64_t rows, int64_t n, int64_t buckets
       launches.emplace_back();
       continue;
     }
-    ways[i].launch(i ? out : own_out, src[0], s, d_start, d_order, buckets, stream);
+    ways[i].launch(i ? out : own_out, src[0], s, d_start, d_order, buckets, buckets * n, stream);
     check(cudaGetLastError(), ways[i].label.c_str());
     diffs[i] = max_difference(i ? out : own_out, own_out, buckets * n, stream).first;
     if (!(diffs[i] == 0.0f)) {
@@ -551,7 +543,8 @@ bool run_scatter_add(const char* dtype, int64_t rows, int64_t n, int64_t buckets
                    ways[i].label.c_str(), diffs[i]);
       ok = false;
     }
-    launches.push_back([&, w = ways[i]](int set) { w.launch(out, src[set], s, d_start, d_order, buckets, stream); });
+    launches.push_back(
+        [&, w = ways[i]](int set) { w.launch(out, src[set], s, d_start, d_order, buckets, buckets * n, stream); });
   }
   const std::vector<float> us = median_times(launches, sets, repeats, stream);
   const double bytes = double(rows * n + buckets * n) * sizeof(T) + rows * sizeof(int64_t);

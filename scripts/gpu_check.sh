@@ -6,8 +6,9 @@
 # counters, the forge device's tests in a process of their own, the whole test suite with the GPU
 # present (in parallel with pytest-xdist where it is installed) and the torch adapter built
 # elsewhere (stable ABI), in that order (what the issue asks for first: a session has 15 minutes of
-# device time, start-up included), each step with the time the earlier ones left. Every step is logged; a failing step does not stop the later ones;
-# the exit status is 1 if any step failed. From the repository root:
+# device time, start-up included), each step with the time the earlier ones left. Every step is
+# logged; a failing step does not stop the later ones; the exit status is 1 if any step failed.
+# From the repository root:
 #
 #   bash scripts/gpu_check.sh                       # on the GPU machine
 #   bash scripts/gpu_check.sh --bundle-deps DIR     # on a dev machine: Highway + DLPack headers
@@ -203,8 +204,7 @@ fi
 # cuts these, not the checks above) ----------------------------------------------------------------
 # The norms', the elementwise and scatter_add's summing kernels under other schedules (packs per
 # thread, row types, layouts, accesses, loads ahead), and a token's matmul_q in one launch and in
-# two, beside the ops' own, compiled from
-# the same headers (bench/schedules_cuda.cu): its table into $RESULTS/schedules_cuda.md, its CSV
+# two, beside the ops' own, compiled from the same headers (bench/schedules_cuda.cu): its table into $RESULTS/schedules_cuda.md, its CSV
 # into the logs' archive. Up to 120 s: nvcc takes 40 s for its ~130 kernels on the development
 # machine, the run about 20 s (outputs compared on the device).
 nvcc_bin=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}

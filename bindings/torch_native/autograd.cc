@@ -14,9 +14,10 @@
 //   "Below autograd" and the backward op are opforge's CPU kernel run straight on plain CPU
 //   tensors (cpu_direct.h, as the direct call behind opforge.torch runs a forward) where nothing
 //   else must see the call, and torch's dispatcher otherwise (other devices, FakeTensors, modes,
-//   functorch, the tracer): the stable ABI's boxed hop costs microseconds a call. Gradients declared as the cotangent itself (OpDef::identity_gradient) are handed through
-//   where the input has the result's shape, and the backward op runs only if another is wanted,
-//   asked (OpDef::output_mask_slot) for the wanted ones only. Arguments it reads only the shape
+//   functorch, the tracer): the stable ABI's boxed hop costs microseconds a call. Gradients
+//   declared as the cotangent itself (OpDef::identity_gradient) are handed through where the
+//   input has the result's shape, and the backward op runs only if another is wanted, asked
+//   (OpDef::output_mask_slot) for the wanted ones only. Arguments it reads only the shape
 //   of (OpDef::shape_only) are kept as sizes, not tensors.
 // Errors that opforge raised below (which the stable ABI turns into plain c10::Error) leave
 // here as c10::TypeError / ValueError / NotImplementedError, so Python sees their real type.

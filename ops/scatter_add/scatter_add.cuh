@@ -107,6 +107,15 @@ __global__ void __launch_bounds__(S::kThreads)
   }
 }
 
+// sum_kernel<T, S> over the total = out.numel() outputs on stream (S's kColumns only where
+// columns_fit).
+template <typename T, class S = OwnSum>
+void launch_sum(T* out, const T* src, const scatter_cuda::SliceIndexers& s, const int64_t* start, const int64_t* order,
+                int64_t dim_size, int64_t total, cudaStream_t stream) {
+  sum_kernel<T, S><<<cuda::blocks_for(total / S::kColumns, S::kThreads), S::kThreads, 0, stream>>>(
+      out, src, s, start, order, dim_size, total);
+}
+
 // Whether sum_kernel may take `columns` outputs per thread over src's slices s (elements of
 // elem_bytes) into out (contiguous): each thread's outputs adjacent in every source row (the
 // slices contiguous, a whole number of vectors long) and every vector aligned to its size.

