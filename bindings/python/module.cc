@@ -192,6 +192,12 @@ NB_MODULE(_core, m) {
   m.def("simd_target", &simd_target_chosen, "The SIMD target kernels dispatch to now.");
   m.def("set_simd_target", &set_simd_target, nb::arg("name"),
         "Pin one SIMD target (tests); '' restores the automatic choice.");
+  m.def("amx_supported", &amx_supported,
+        "Whether this CPU and OS give this process Intel AMX (tiles and bfloat16 products).");
+  m.def("amx_enabled", &amx_enabled, "Whether kernels use AMX now (supported and not turned off).");
+  m.def("set_amx_enabled", &set_amx_enabled, nb::arg("enabled"),
+        "Turn AMX on or off for this process (OPFORGE_AMX=0 starts it off); off, the AVX-512 kernels run "
+        "as on CPUs without AMX.");
   m.def("set_backend", &set_backend_override, nb::arg("op"), nb::arg("backend"));
   m.def("backend_override", &backend_override, nb::arg("op"));
   m.def("reload_config", &reload_config);

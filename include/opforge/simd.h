@@ -16,3 +16,16 @@ std::string simd_target_chosen();
 void set_simd_target(const std::string& name);
 
 }  // namespace opforge
+
+namespace opforge {
+
+// Intel AMX (the tile matrix units of Sapphire Rapids and later Xeons). Supported: the CPU has
+// AMX-TILE and AMX-BF16, the OS saves the tile state, and Linux granted it to this process
+// (asked on the first call, as oneDNN does). Kernels use it under the AVX3 target while it is
+// enabled: by default, unless OPFORGE_AMX=0; set_amx_enabled(false) turns it off for the
+// process (the AVX-512 kernels then run, as on CPUs without AMX).
+bool amx_supported();
+bool amx_enabled();  // supported and not turned off
+void set_amx_enabled(bool enabled);
+
+}  // namespace opforge

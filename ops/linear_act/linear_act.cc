@@ -9,7 +9,8 @@ OPFORGE_OP(linear_act) {
            "torch.nn.functional.linear); result [..., n]. act: 'none', 'relu', 'gelu' (exact erf form), "
            "'gelu_tanh' (tanh approximation) or 'silu'. The CPU kernel is a blocked SIMD matrix product "
            "whose epilogue adds the bias and applies act to each output tile while it is in cache; half "
-           "types are computed in float32; results do not depend on the thread count. When a gradient will "
+           "types are computed in float32 (bfloat16 on Intel AMX tiles where the CPU has them, denormals "
+           "read as zero; opforge.set_amx_enabled); results do not depend on the thread count. When a gradient will "
            "be needed, adapters run linear_act_with_preact instead, so the backward need not recompute "
            "the product.")
       .backward("linear_act_backward", {"x", "weight", "bias"})

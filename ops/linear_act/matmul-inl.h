@@ -1,8 +1,9 @@
 // linear_act's matrix product entry point, Matmul: the packed-panel Gemm of gemm-inl.h, or dot
 // products where one side has only a few rows (a matrix-vector product, in effect): packing would
 // cost as much as the product there. Rows of both operands are then read as they are, a few dot
-// products at a time along p, so each row of the big operand is read from memory once. Both
-// paths hand tiles to the same Epilogue. Re-included once per Highway target.
+// products at a time along p, so each row of the big operand is read from memory once. bfloat16
+// products on CPUs with AMX go to its tiles instead of Gemm (amx_bf16.h). Every path hands tiles
+// to the same Epilogue. Re-included once per Highway target.
 #if defined(OPFORGE_OPS_LINEAR_ACT_MATMUL_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef OPFORGE_OPS_LINEAR_ACT_MATMUL_INL_H_
 #undef OPFORGE_OPS_LINEAR_ACT_MATMUL_INL_H_
@@ -18,6 +19,8 @@
 #include <type_traits>
 
 #include "opforge/parallel.h"
+#include "opforge/simd.h"
+#include "ops/linear_act/amx_bf16.h"
 #include "ops/linear_act/gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -101,6 +104,43 @@ void Dot(const Operand<TX>& X, const Operand<TY>& Y, int64_t K, bool x_is_a, con
   });
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// Hands AMX's blocks of sums, C[q][p] over the packed operand P's rows p and the other's rows q,
+// to an Epilogue row by row: transposed first where P is the product's A (rows of D are then P's;
+// Epilogue::Cols would round and store element by element).
+class AmxBlocks final : public linear_act::amx::BlockSink {
+ public:
+  AmxBlocks(const Epilogue<float>& epi, bool p_is_a) : epi_(epi), p_is_a_(p_is_a) {}
+
+  void operator()(int64_t q0, int64_t p0, float* c, int64_t ld, int64_t nq, int64_t np) const override {
+    if (!p_is_a_) {
+      for (int64_t i = 0; i < nq; ++i) epi_.Row(q0 + i, p0, c + i * ld, np);
+      return;
+    }
+    constexpr int64_t kB = linear_act::amx::kBlock;
+    // A vector of padding: Row may read a whole vector past its count.
+    HWY_ALIGN float rows[kB * kB + HWY_MAX_BYTES / sizeof(float)];
+    for (int64_t i = 0; i < kB; ++i)
+      for (int64_t j = 0; j < kB; ++j) rows[j * kB + i] = c[i * ld + j];
+    for (int64_t j = 0; j < np; ++j) epi_.Row(p0 + j, q0, rows + j * kB, nq);
+  }
+
+ private:
+  const Epilogue<float>& epi_;
+  bool p_is_a_;
+};
+
+// D = A B^T on AMX tiles, the operand with fewer rows packed (as Gemm does).
+inline void AmxGemm(const Operand<hwy::bfloat16_t>& A, const Operand<hwy::bfloat16_t>& B, int64_t K,
+                    const Epilogue<float>& epi) {
+  const auto bits = [](const Operand<hwy::bfloat16_t>& o) {
+    return linear_act::amx::Bf16Operand{reinterpret_cast<const uint16_t*>(o.data), o.rows, o.rs, o.ps};
+  };
+  const bool p_is_a = A.rows <= B.rows;
+  linear_act::amx::gemm(bits(p_is_a ? A : B), bits(p_is_a ? B : A), K, AmxBlocks(epi, p_is_a));
+}
+#endif
+
 // D[a, b] = sum_p A(a, p) B(b, p) for a < A.rows, b < B.rows, every tile through `epi`.
 template <typename TA, typename TB>
 void Matmul(const Operand<TA>& A, const Operand<TB>& B, int64_t K, const Epilogue<Compute<TA>>& epi) {
@@ -113,7 +153,14 @@ void Matmul(const Operand<TA>& A, const Operand<TB>& B, int64_t K, const Epilogu
   if (A.ps == 1 && B.ps == 1 && K > 0 && std::min(A.rows, B.rows) <= dot_max) {
     if (A.rows <= B.rows) Dot(A, B, K, true, epi);
     else Dot(B, A, K, false, epi);
-  } else if (A.rows <= B.rows) {
+    return;
+  }
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if constexpr (std::is_same_v<TA, hwy::bfloat16_t> && std::is_same_v<TB, hwy::bfloat16_t>) {
+    if (K > 0 && amx_enabled()) return AmxGemm(A, B, K, epi);
+  }
+#endif
+  if (A.rows <= B.rows) {
     Gemm(A, B, K, true, epi);
   } else {
     Gemm(B, A, K, false, epi);

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import opforge
+import opforge.torch
 from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, assert_result, cases, has_dtype,
                              product_rounding, random, strided, to_float64, to_framework)
 from opforge.references import linear_act as linear_act_reference
@@ -149,6 +150,67 @@ def test_deterministic_across_thread_counts(rng, restore_threads, shape):
         results.append(opforge.linear_act(x, w, b, act="gelu"))
     assert all(torch.equal(r, results[0]) for r in results[1:])
     check(x, w, b, "torch", "float32", act="gelu")
+
+
+@pytest.fixture(params=[True, False], ids=["amx", "no_amx"])
+def amx(request):
+    """AVX3 pinned, AMX on and off; skipped where this CPU (or OS) gives the process no AMX."""
+    if not opforge.amx_supported():
+        pytest.skip("no AMX on this CPU or OS (needs AMX-BF16 and Linux's tile-state permission)")
+    opforge.set_simd_target("AVX3")
+    opforge.set_amx_enabled(request.param)
+    yield request.param
+    opforge.set_amx_enabled(True)
+    opforge.set_simd_target("")
+
+
+# The AMX product's paths: x packed (fewer rows) or weight packed; k = 513 and 1030 end in a
+# partial tile inside a second K block; 600 packed rows span two P ranges; odd rows everywhere.
+@pytest.mark.parametrize("shape", [(33, 65, 513), (600, 70, 1030), (700, 600, 64), (40, 7000, 40), (17, 40, 1)],
+                         ids=str)
+@pytest.mark.parametrize("act", ["none", "gelu"])
+def test_amx_shapes(amx, rng, shape, act):
+    check(*arrays(rng, *shape, "torch", "bfloat16"), "torch", "bfloat16", act=act)
+
+
+def test_amx_preact_and_gradients_agree(amx, rng):
+    # The saving forward (used when a gradient will be needed) takes the same product.
+    x, w, b = arrays(rng, 70, 90, 100, "torch", "bfloat16")
+    want = opforge.linear_act(x, w, b, act="silu")
+    got = opforge.torch.linear_act(x.requires_grad_(), w, b, act="silu")
+    assert torch.equal(got.detach(), want)
+    got.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad.float()).all()
+
+
+def test_amx_deterministic_across_thread_counts(amx, rng, restore_threads):
+    x, w, b = arrays(rng, 300, 260, 520, "torch", "bfloat16")
+    results = []
+    for threads in (1, 2, 3, 1):
+        opforge.set_num_threads(threads)
+        results.append(opforge.linear_act(x, w, b, act="gelu"))
+    assert all(torch.equal(r, results[0]) for r in results[1:])
+
+
+def test_amx_flushes_denormals(amx):
+    # The tiles' arithmetic treats denormal inputs as zero (as oneDNN's AMX products do); the
+    # SIMD path keeps them. 2**-130 is a bfloat16 denormal; 2**-130 * 2**100 * 64 = 2**-24.
+    x = torch.full((64, 64), 2.0**-130, dtype=torch.bfloat16)
+    w = torch.full((64, 64), 2.0**100, dtype=torch.bfloat16)
+    got = opforge.linear_act(x, w)
+    assert torch.equal(got, torch.full_like(got, 0.0 if amx else 2.0**-24))
+
+
+def test_amx_switch():
+    before = opforge.amx_enabled()
+    try:
+        opforge.set_amx_enabled(False)
+        assert not opforge.amx_enabled() and opforge.info()["amx"] == {"supported": opforge.amx_supported(),
+                                                                          "enabled": False}
+        opforge.set_amx_enabled(True)
+        assert opforge.amx_enabled() == opforge.amx_supported()
+    finally:
+        opforge.set_amx_enabled(before)
 
 
 X = np.ones((2, 3), np.float32)

@@ -73,8 +73,9 @@ def test_function_binds_like_its_signature(rng):
 
 def test_info():
     info = opforge.info()
-    assert set(info) >= {"version", "simd_compiled", "simd_supported", "simd_chosen", "backends",
+    assert set(info) >= {"version", "simd_compiled", "simd_supported", "simd_chosen", "amx", "backends",
                          "built_with_cuda", "num_threads", "ops"}
+    assert info["amx"] == {"supported": opforge.amx_supported(), "enabled": opforge.amx_enabled()}
     assert info["version"] == opforge.__version__ == importlib.metadata.version("opforge")
     assert info["ops"] == OPS
     assert info["num_threads"] == opforge.num_threads() >= 1
@@ -82,6 +83,16 @@ def test_info():
     assert cpu["available"] and cpu["device"] == "cpu"
     for b in info["backends"]:
         assert b["available"] or b["reason"], b  # an unavailable backend says why
+
+
+def test_amx_environment_switch():
+    """OPFORGE_AMX=0 starts the process with AMX off; by default it is on wherever supported."""
+    code = "import opforge; print(opforge.amx_enabled(), opforge.amx_supported())"
+    run = lambda env: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                     check=True).stdout.split()
+    assert run(dict(os.environ, OPFORGE_AMX="0"))[0] == "False"
+    enabled, supported = run({k: v for k, v in os.environ.items() if k != "OPFORGE_AMX"})
+    assert enabled == supported
 
 
 def cublaslt_status_with(setting):

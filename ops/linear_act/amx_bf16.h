@@ -1,0 +1,34 @@
+// linear_act's bfloat16 product on Intel AMX tiles (amx_bf16.cc): the same sums as the SIMD
+// product, float32 accumulation over k in order, at several times its speed on CPUs that have
+// AMX. matmul-inl.h calls it under the AVX3 target while opforge::amx_enabled().
+#pragma once
+
+#include <cstdint>
+
+namespace opforge::linear_act::amx {
+
+// Element (r, p) at data[r * rs + p * ps], r < rows, as bfloat16 bits.
+struct Bf16Operand {
+  const uint16_t* data;
+  int64_t rows, rs, ps;
+};
+
+// Receives each finished block of sums: c[i * ld + j] = C[q0 + i][p0 + j] for i < nq, j < np
+// (both at most kBlock); c is 64-byte aligned, ld a multiple of 16, and the block may be
+// overwritten. Called from the thread pool's threads, each block once.
+class BlockSink {
+ public:
+  virtual ~BlockSink() = default;
+  virtual void operator()(int64_t q0, int64_t p0, float* c, int64_t ld, int64_t nq, int64_t np) const = 0;
+};
+
+inline constexpr int64_t kBlock = 32;
+
+// C[q][p] = sum_k Q(q, k) * P(p, k) for q < Q.rows, p < P.rows, k < K, summed in float32 in k
+// order, two k at a time (the tile instruction's arithmetic: products exact, denormal inputs
+// and results flushed to zero).
+// Results do not depend on the thread count. P is packed (any strides; pass the operand with
+// fewer rows); Q is read a block of rows at a time. Needs amx_enabled(); K >= 1.
+void gemm(const Bf16Operand& P, const Bf16Operand& Q, int64_t K, const BlockSink& sink);
+
+}  // namespace opforge::linear_act::amx
