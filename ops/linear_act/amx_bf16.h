@@ -13,9 +13,10 @@ struct Bf16Operand {
   int64_t rows, rs, ps;
 };
 
-// Receives each finished block of sums: c[i * ld + j] = C[q0 + i][p0 + j] for i < nq, j < np
-// (both at most kBlock); c is 64-byte aligned, ld a multiple of 16, and the block may be
-// overwritten. Called from the thread pool's threads, each block once.
+// Receives each finished block of sums, C[q0 + i][p0 + j] for i < nq, j < np (both at most
+// kBlock): at c[i * ld + j], or with p_rows at c[j * ld + i] (one row per row of P). c is 64-byte
+// aligned, ld a multiple of 16, and the block may be overwritten. Called from the thread pool's
+// threads, each block once.
 class BlockSink {
  public:
   virtual ~BlockSink() = default;
@@ -27,8 +28,8 @@ inline constexpr int64_t kBlock = 32;
 // C[q][p] = sum_k Q(q, k) * P(p, k) for q < Q.rows, p < P.rows, k < K, summed in float32 in k
 // order, two k at a time (the tile instruction's arithmetic: products exact, denormal inputs
 // and results flushed to zero).
-// Results do not depend on the thread count. P is packed (any strides; pass the operand with
-// fewer rows); Q is read a block of rows at a time. Needs amx_enabled(); K >= 1.
-void gemm(const Bf16Operand& P, const Bf16Operand& Q, int64_t K, const BlockSink& sink);
+// Results do not depend on the thread count. P is packed (any strides); Q is copied a block of rows at a
+// time, once per 512 rows of P. Needs amx_enabled(); K >= 1.
+void gemm(const Bf16Operand& P, const Bf16Operand& Q, int64_t K, bool p_rows, const BlockSink& sink);
 
 }  // namespace opforge::linear_act::amx

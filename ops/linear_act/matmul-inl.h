@@ -105,24 +105,17 @@ void Dot(const Operand<TX>& X, const Operand<TY>& Y, int64_t K, bool x_is_a, con
 }
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-// Hands AMX's blocks of sums, C[q][p] over the packed operand P's rows p and the other's rows q,
-// to an Epilogue row by row: transposed first where P is the product's A (rows of D are then P's;
-// Epilogue::Cols would round and store element by element).
+// Hands AMX's blocks of sums to an Epilogue, row by row of D: the packed operand P's rows where
+// P is the product's A (the blocks then arrive turned around), else the other's.
 class AmxBlocks final : public linear_act::amx::BlockSink {
  public:
   AmxBlocks(const Epilogue<float>& epi, bool p_is_a) : epi_(epi), p_is_a_(p_is_a) {}
 
   void operator()(int64_t q0, int64_t p0, float* c, int64_t ld, int64_t nq, int64_t np) const override {
-    if (!p_is_a_) {
+    if (p_is_a_)
+      for (int64_t j = 0; j < np; ++j) epi_.Row(p0 + j, q0, c + j * ld, nq);
+    else
       for (int64_t i = 0; i < nq; ++i) epi_.Row(q0 + i, p0, c + i * ld, np);
-      return;
-    }
-    constexpr int64_t kB = linear_act::amx::kBlock;
-    // A vector of padding: Row may read a whole vector past its count.
-    HWY_ALIGN float rows[kB * kB + HWY_MAX_BYTES / sizeof(float)];
-    for (int64_t i = 0; i < kB; ++i)
-      for (int64_t j = 0; j < kB; ++j) rows[j * kB + i] = c[i * ld + j];
-    for (int64_t j = 0; j < np; ++j) epi_.Row(p0 + j, q0, rows + j * kB, nq);
   }
 
  private:
@@ -130,14 +123,17 @@ class AmxBlocks final : public linear_act::amx::BlockSink {
   bool p_is_a_;
 };
 
-// D = A B^T on AMX tiles, the operand with fewer rows packed (as Gemm does).
+// D = A B^T on AMX tiles. Packing B costs B.rows * K element moves; packing A costs A.rows * K
+// and turning each block of sums around (A.rows * B.rows moves); the other operand's copies
+// cost the same either way. So A is packed only where it is much smaller than B (a few rows of
+// x against a big weight).
 inline void AmxGemm(const Operand<hwy::bfloat16_t>& A, const Operand<hwy::bfloat16_t>& B, int64_t K,
                     const Epilogue<float>& epi) {
   const auto bits = [](const Operand<hwy::bfloat16_t>& o) {
     return linear_act::amx::Bf16Operand{reinterpret_cast<const uint16_t*>(o.data), o.rows, o.rs, o.ps};
   };
-  const bool p_is_a = A.rows <= B.rows;
-  linear_act::amx::gemm(bits(p_is_a ? A : B), bits(p_is_a ? B : A), K, AmxBlocks(epi, p_is_a));
+  const bool p_is_a = A.rows * (K + B.rows) < B.rows * K;
+  linear_act::amx::gemm(bits(p_is_a ? A : B), bits(p_is_a ? B : A), K, p_is_a, AmxBlocks(epi, p_is_a));
 }
 #endif
 

@@ -1,0 +1,93 @@
+"""linear_act (x @ weight^T + bias, then exact gelu) against torch eager and jax.jit, float32 and
+bfloat16, side by side in one run.
+
+    python bench/bench_linear_act.py [--shapes 64x1024x1024,1024x1024x1024,2048x2048x2048]
+                                     [--dtypes float32,bfloat16] [--repeats 10] [--rounds 3]
+
+Each shape is m x k x n (x [m, k], weight [n, k]). opforge runs as a torch user calls it
+(`opforge.torch.linear_act`); on CPUs with AMX its bfloat16 rows are measured twice, AMX on
+(the default) and off (the AVX-512 kernel). torch: `gelu(F.linear(x, w, b))` (oneDNN, which
+uses AMX for bfloat16 where the CPU has it); jax: one jit of the same. Medians of `repeats`
+calls, then the median over `rounds` sweeps (noise on a shared machine comes in bursts).
+GFLOP/s count 2 m n k; speedups are their time / ours (> 1: opforge faster). Writes
+bench/results/linear_act_cpu.csv and .png.
+"""
+
+import argparse
+import statistics
+
+import jax
+import jax.numpy as jnp
+import torch
+import torch.nn.functional as F
+
+import common
+import opforge
+import opforge.torch as ot
+
+
+def implementations(x, w, b):
+    """{name: (zero-argument callable, sync)} for one case; opforge's AMX switch set by the caller."""
+    xj, wj, bj = (jnp.asarray(t.float().numpy()).astype(jnp.bfloat16 if t.dtype == torch.bfloat16 else jnp.float32)
+                  for t in (x, w, b))
+    jitted = jax.jit(lambda x, w, b: jax.nn.gelu(x @ w.T + b, approximate=False))
+    return {
+        "opforge": (lambda: ot.linear_act(x, w, b, act="gelu"), lambda r: r),
+        "torch eager": (lambda: F.gelu(F.linear(x, w, b)), lambda r: r),
+        "jax.jit": (lambda: jitted(xj, wj, bj), jax.block_until_ready),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="64x1024x1024,1024x1024x1024,2048x2048x2048")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(opforge.num_threads())
+    torch.manual_seed(0)
+    amx = opforge.amx_supported()
+    print(f"{common.machine()}; opforge {opforge.__version__}, {opforge.num_threads()} threads, AMX "
+          f"{'supported' if amx else 'not supported'}; torch {torch.__version__}, jax {jax.__version__}")
+    cases = []
+    for shape in args.shapes.split(","):
+        m, k, n = (int(v) for v in shape.split("x"))
+        for name in args.dtypes.split(","):
+            dtype = getattr(torch, name)
+            x = torch.randn(m, k, dtype=dtype)
+            w = (torch.randn(n, k) / k**0.5).to(dtype)
+            b = torch.randn(n, dtype=dtype)
+            impls = implementations(x, w, b)
+            variants = [("opforge", True)] + ([("opforge (AMX off)", False)] if amx and name == "bfloat16" else [])
+            cases.append((shape, name, 2.0 * m * n * k, impls, variants))
+    times = {}
+    for _ in range(args.rounds):
+        for shape, name, _, impls, variants in cases:
+            for label, on in variants:
+                opforge.set_amx_enabled(on)
+                fn, sync = impls["opforge"]
+                times.setdefault((shape, name, label), []).append(common.median_seconds(fn, args.repeats, sync=sync))
+            opforge.set_amx_enabled(True)
+            for label in ("torch eager", "jax.jit"):
+                fn, sync = impls[label]
+                times.setdefault((shape, name, label), []).append(common.median_seconds(fn, args.repeats, sync=sync))
+    rows = []
+    print(f"\n{'shape':<16} {'dtype':<9} {'implementation':<18} {'ms':>9} {'GFLOP/s':>8} {'opforge speedup':>15}")
+    for shape, name, flops, _, variants in cases:
+        ours = statistics.median(times[(shape, name, "opforge")])
+        for label in [v for v, _ in variants] + ["torch eager", "jax.jit"]:
+            t = statistics.median(times[(shape, name, label)])
+            print(f"{shape:<16} {name:<9} {label:<18} {t * 1e3:>9.3f} {flops / t / 1e9:>8.1f} {t / ours:>14.2f}x")
+            rows.append({"shape": shape, "dtype": name, "impl": label, "median_ms": t * 1e3,
+                         "GFLOP_per_s": flops / t / 1e9, "opforge_speedup": t / ours})
+    print(f"\nwrote {common.write_csv('linear_act_cpu', rows)}")
+    labels = list(dict.fromkeys(r["impl"] for r in rows))
+    groups = list(dict.fromkeys(f"{r['shape']} {r['dtype']}" for r in rows))
+    series = {label: [next((r["GFLOP_per_s"] for r in rows if f"{r['shape']} {r['dtype']}" == g and r["impl"] == label),
+                           0.0) for g in groups] for label in labels}
+    print(f"wrote {common.bar_plot('linear_act_cpu', 'linear_act (gelu) on the CPU', groups, series, 'GFLOP/s')}")
+
+
+if __name__ == "__main__":
+    main()
