@@ -20,7 +20,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "opforge/backend.h"
+#include "opforge/cpu/scratch.h"
 #include "opforge/parallel.h"
 
 namespace opforge::linear_act::amx {
@@ -41,37 +41,6 @@ struct alignas(64) TileConfig {
 };
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
-
-// The packed panels, from the CPU backend: it keeps freed blocks of 1 MiB and more, so a model's
-// repeated products reuse mapped memory instead of faulting in fresh pages on every call (2048
-// faults for a 2048 x 2048 operand).
-class PackedPanels {
- public:
-  explicit PackedPanels(int64_t elements)
-      : cpu_(lookup_backend("cpu")),
-        data_(static_cast<uint16_t*>(cpu_->allocate(elements * sizeof(uint16_t), Device{}, nullptr))) {}
-  ~PackedPanels() { cpu_->release(data_, Device{}, nullptr); }
-  PackedPanels(const PackedPanels&) = delete;
-  PackedPanels& operator=(const PackedPanels&) = delete;
-  uint16_t* get() const { return data_; }
-
- private:
-  Backend* cpu_;
-  uint16_t* data_;
-};
-
-// A pool thread's buffers, kept between calls (at most 292 KiB per thread): allocated per task,
-// the scratch alone cost 64 page faults each time.
-template <typename T>
-T* thread_buffer(int64_t elements) {
-  thread_local hwy::AlignedFreeUniquePtr<T[]> buffer;
-  thread_local int64_t size = 0;
-  if (size < elements) {
-    buffer = hwy::AllocateAligned<T>(elements);
-    size = elements;
-  }
-  return buffer.get();
-}
 
 // Rows q0..q0 + kBlock of Q over k0..k0 + kc, as kBlock rows of ld values, zero-padded.
 void copy_q_slice(const Bf16Operand& Q, int64_t q0, int64_t k0, int64_t kc, uint16_t* buf, int64_t ld) {
@@ -227,7 +196,7 @@ HWY_POP_ATTRIBUTES
 
 void gemm(const Bf16Operand& P, const Bf16Operand& Q, int64_t K, bool p_rows, const BlockSink& sink) {
   const int64_t panels = round_up((P.rows + kPanel - 1) / kPanel, 2);
-  const PackedPanels packed(panels * kPanel * round_up(K, kStep));
+  const cpu::BackendBuffer<uint16_t> packed(panels * kPanel * round_up(K, kStep));
   pack_panels(P, K, panels, packed.get());
 
   const int64_t ranges = (P.rows + kRange - 1) / kRange;
@@ -236,8 +205,8 @@ void gemm(const Bf16Operand& P, const Bf16Operand& Q, int64_t K, bool p_rows, co
   while (nc > kBlock && ranges * ((Q.rows + nc - 1) / nc) < 4 * num_threads()) nc /= 2;
   const int64_t chunks = (Q.rows + nc - 1) / nc;
   parallel_for(ranges * chunks, 1, [&](int64_t begin, int64_t end) {
-    uint16_t* q_slice = thread_buffer<uint16_t>(kBlock * kKc);
-    float* scratch = thread_buffer<float>((nc / kBlock * kRange / kBlock + 1) * kBlock * kLd);
+    uint16_t* q_slice = cpu::thread_scratch<uint16_t>(kBlock * kKc);
+    float* scratch = cpu::thread_scratch<float>((nc / kBlock * kRange / kBlock + 1) * kBlock * kLd);
     float* turned = scratch + nc / kBlock * kRange / kBlock * kBlock * kLd;  // the last block
     configure_tiles();
     for (int64_t task = begin; task < end; ++task) {

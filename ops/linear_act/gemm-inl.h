@@ -9,8 +9,9 @@
 // from its rows (copied only where it needs converting or gathering). The micro-kernel keeps a
 // 2-vector x kTileS tile of sums in registers (16 with AVX-512, 12 of AVX2's 16). Blocking:
 // KC steps of p at a time keep a Q tile in L1 and a block of MC packed P rows in L2; partial sums
-// live in a per-task scratch between K blocks. P is the operand with fewer rows, which makes the
-// one transposing copy (packing) cheap next to the product: O(min(M, N) * K) for 2 M N K flops.
+// live in a per-task scratch between K blocks. Matmul picks P: B unless A is much smaller (the
+// packing, a transposing copy, costs O(P.rows * K) for 2 M N K flops; an A packed hands its tiles
+// over turned around).
 //
 // Results do not depend on the thread count: every sum runs over p in the same order whichever
 // task computes it.
@@ -28,6 +29,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "opforge/cpu/scratch.h"
 #include "opforge/cpu/simd-inl.h"
 #include "opforge/parallel.h"
 
@@ -196,7 +198,7 @@ void Gemm(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is_a, co
   const hn::ScalableTag<C> d;
   const int64_t VL = 2 * static_cast<int64_t>(hn::Lanes(d));
   const int64_t panels = (P.rows + VL - 1) / VL;
-  auto packed_buffer = hwy::AllocateAligned<C>(std::max<int64_t>(1, panels * VL * K));
+  const cpu::BackendBuffer<C> packed_buffer(std::max<int64_t>(1, panels * VL * K));
   C* packed = packed_buffer.get();
   PackPanels(P, K, packed);
 
@@ -218,8 +220,8 @@ void Gemm(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is_a, co
   const int64_t task_work = mc_panels * VL * nc * std::max<int64_t>(1, K);
   parallel_for(r_blocks * s_chunks, std::max<int64_t>(1, (1 << 18) / task_work), [&](int64_t begin, int64_t end) {
     const int64_t ldc = mc_panels * VL;
-    auto scratch_buffer = hwy::AllocateAligned<C>(nc * ldc), qbuf_buffer = hwy::AllocateAligned<C>(S * KC);
-    C *scratch = scratch_buffer.get(), *qbuf = qbuf_buffer.get();
+    // Kept per thread: allocated per task, the 256 KiB scratch alone cost 64 page faults each time.
+    C *scratch = cpu::thread_scratch<C, 0>(nc * ldc), *qbuf = cpu::thread_scratch<C, 1>(S * KC);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t panel0 = task / s_chunks * mc_panels, panel1 = std::min(panels, panel0 + mc_panels);
       const int64_t s0 = task % s_chunks * nc, s1 = std::min(Q.rows, s0 + nc);

@@ -156,7 +156,9 @@ void Matmul(const Operand<TA>& A, const Operand<TB>& B, int64_t K, const Epilogu
     if (K > 0 && amx_enabled()) return AmxGemm(A, B, K, epi);
   }
 #endif
-  if (A.rows <= B.rows) {
+  // A packed only where it is much smaller than B, as for AMX: packing it also means handing the
+  // tiles over turned around (Epilogue::Cols, element by element).
+  if (A.rows * (K + B.rows) < B.rows * K) {
     Gemm(A, B, K, true, epi);
   } else {
     Gemm(B, A, K, false, epi);

@@ -10,6 +10,7 @@
 
 #include <vector>
 
+#include "opforge/cpu/scratch.h"
 #include "opforge/cpu/visit.h"
 #include "opforge/registry.h"
 #include "ops/linear_act/epilogue-inl.h"
@@ -70,7 +71,8 @@ void Run(const KernelCall& call) {
     const auto bias_c = PaddedBias<T>(bias, n);
 
     const TensorView* preact = call.optional_tensor("preact");
-    auto g = hwy::AllocateAligned<C>(std::max<int64_t>(1, m * n));
+    const cpu::BackendBuffer<C> g_buffer(std::max<int64_t>(1, m * n));  // reused memory from call to call
+    C* g = g_buffer.get();
     const int64_t grain = std::max<int64_t>(1, 8192 / (n + 1));
     VisitAct(call.attr_str("act"), "linear_act_backward", [&](auto, auto act_grad) {
       if constexpr (std::is_same_v<decltype(act_grad), IdentityGrad>) {
@@ -88,11 +90,11 @@ void Run(const KernelCall& call) {
             for (int64_t j = 0; j < n; j += L) {
               const auto z = LoadN(d, za.data + i * za.rs + j * za.ps, za.ps, n - j);
               const auto gv = LoadN(d, ga.data + i * ga.rs + j * ga.ps, ga.ps, n - j);
-              StoreN(d, act_grad(d, gv, z), g.get() + i * n + j, 1, n - j);
+              StoreN(d, act_grad(d, gv, z), g + i * n + j, 1, n - j);
             }
         });
       } else {
-        const GradAct<T, decltype(act_grad)> epi(g.get(), n, ga.data, ga.rs, ga.ps, bias_c.data(), act_grad);
+        const GradAct<T, decltype(act_grad)> epi(g, n, ga.data, ga.rs, ga.ps, bias_c.data(), act_grad);
         Matmul(xa, wb, k, epi);
       }
     });
@@ -101,13 +103,13 @@ void Run(const KernelCall& call) {
     // no grad_x, a frozen weight no grad_weight, each a third of the work.
     if (call.output(0).numel()) {
       const BiasAct<T, Identity> grad_x(call.output(0).data_as<T>(), k, nullptr, Identity{});
-      Matmul(Operand<C>{g.get(), m, n, 1}, Operand<T>{wb.data, k, wb.ps, wb.rs}, n, grad_x);
+      Matmul(Operand<C>{g, m, n, 1}, Operand<T>{wb.data, k, wb.ps, wb.rs}, n, grad_x);
     }
     if (call.output(1).numel()) {
       const BiasAct<T, Identity> grad_w(call.output(1).data_as<T>(), k, nullptr, Identity{});
-      Matmul(Operand<C>{g.get(), n, 1, n}, Operand<T>{xa.data, k, xa.ps, xa.rs}, m, grad_w);
+      Matmul(Operand<C>{g, n, 1, n}, Operand<T>{xa.data, k, xa.ps, xa.rs}, m, grad_w);
     }
-    if (call.output(2).numel()) SumRows(g.get(), m, n, call.output(2).data_as<T>());
+    if (call.output(2).numel()) SumRows(g, m, n, call.output(2).data_as<T>());
   });
 }
 
