@@ -7,9 +7,9 @@
 // both directions). A task owns kRange rows of P and a chunk of Q's rows; it walks K in blocks
 // of kKc, its P slice (kRange x kKc, 512 KiB) staying in L2 while each 32-row slice of Q
 // (32 KiB, copied and zero-padded, so edges need no masking) is in L1 for the whole range.
-// Reading Q's tiles in place instead measured 2x slower on one core: its rows lie a power of two
-// apart in the usual shapes and evict each other from L1. Partial sums wait in the task's
-// scratch between K blocks; the last block hands them on.
+// Reading Q's tiles in place instead ran at half the speed on one core (one run): Q's rows lie
+// a power of two apart in the usual shapes and evict each other from L1. Partial sums wait in
+// the task's scratch between K blocks; the last block hands them on.
 #include "ops/linear_act/amx_bf16.h"
 
 #if defined(__x86_64__) && defined(__linux__)
