@@ -111,9 +111,14 @@ class Pool {
     // Workers still spinning from the last job see the new generation without a wake-up.
     if (wake) wake_.notify_all();
     work();
-    spin_until([&] { return pending_ == 0 && active_ == 0; });
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0 && active_ == 0; });
+    const auto finished = [&] { return pending_ == 0 && active_ == 0; };
+    spin_until(finished);
+    // Once both counts are zero no worker touches the job again, and the counters' atomic
+    // updates publish error_ (written before them): the mutex is needed only to sleep.
+    if (!finished()) {
+      std::unique_lock lock(mutex_);
+      done_.wait(lock, finished);
+    }
     body_ = nullptr;
     if (error_) std::rethrow_exception(error_);
   }
@@ -149,9 +154,16 @@ class Pool {
         ++active_;
       }
       work();
-      std::lock_guard lock(mutex_);
-      if (--active_ == 0 && pending_ == 0) done_.notify_all();
+      if (active_.fetch_sub(1) == 1 && pending_ == 0) notify_done();
     }
+  }
+
+  // Wakes the caller blocked on done_. The counters change without the mutex; taking it here
+  // orders this wake-up after the caller's last look at them (it holds the mutex from that look
+  // until it sleeps), so none is lost.
+  void notify_done() {
+    std::lock_guard lock(mutex_);
+    done_.notify_all();
   }
 
   // Claims chunks until none are left; the last to finish wakes the caller.
@@ -167,8 +179,9 @@ class Pool {
         std::lock_guard lock(mutex_);
         if (!error_) error_ = std::current_exception();
       }
-      std::lock_guard lock(mutex_);
-      if (--pending_ == 0) done_.notify_all();
+      // One atomic per chunk; the mutex only for the last (it was taken for every chunk, and
+      // two threads trading it cost more than a small op's chunk of work).
+      if (pending_.fetch_sub(1) == 1) notify_done();
     }
     in_pool_task = was_in_task;
   }
