@@ -51,11 +51,11 @@ void copy_q_slice(const Bf16Operand& Q, int64_t q0, int64_t k0, int64_t kc, uint
       std::memset(dst, 0, ld * sizeof(uint16_t));
       continue;
     }
-    const uint16_t* src = Q.data + (q0 + i) * Q.rs + k0 * Q.ps;
-    if (Q.ps == 1) {
+    const uint16_t* src = Q.data + (q0 + i) * Q.rs + (k0 >> Q.shift) * Q.ps;
+    if (Q.ps == 1 && Q.shift == 0) {
       std::memcpy(dst, src, kc * sizeof(uint16_t));
     } else {
-      for (int64_t k = 0; k < kc; ++k) dst[k] = src[k * Q.ps];
+      for (int64_t k = 0; k < kc; ++k) dst[k] = src[(k >> Q.shift) * Q.ps];
     }
     std::memset(dst + kc, 0, (ld - kc) * sizeof(uint16_t));
   }
@@ -90,6 +90,41 @@ void transpose_16x16(const void* const src[16], char* dst, int64_t dst_stride) {
   }
 }
 
+// dst[2i] = dst[2i + 1] = src[i] for i < 16: one tile row of a doubled operand.
+void pack_doubled(const uint16_t* src, uint16_t* dst) {
+  const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+  _mm512_storeu_si512(dst, _mm512_or_si512(v, _mm512_slli_epi32(v, 16)));
+}
+
+// float32 bits rounded to bfloat16 bits (to nearest even; NaN stays NaN), in the low half.
+__m512i round_to_bf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+}
+
+// 16 floats as (hi, lo) bfloat16 pairs, hi in the low half of each 32-bit lane.
+__m512i split_pairs(__m512 v) {
+  const __m512i hi = round_to_bf16(v);
+  const __m512 hi_value = _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16));
+  const __mmask16 infinite = _mm512_cmpeq_epi32_mask(_mm512_and_si512(hi, _mm512_set1_epi32(0x7fff)),
+                                                    _mm512_set1_epi32(0x7f80));
+  const __m512 rest = _mm512_maskz_sub_ps(static_cast<__mmask16>(~infinite), v, hi_value);
+  return _mm512_or_si512(hi, _mm512_slli_epi32(round_to_bf16(rest), 16));
+}
+
+// pairs[i] = split_pairs(g[i]) for i < n.
+void split_row(const float* g, int64_t n, uint32_t* pairs) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_si512(pairs + i, split_pairs(_mm512_loadu_ps(g + i)));
+  if (i < n) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_epi32(pairs + i, tail, split_pairs(_mm512_maskz_loadu_ps(tail, g + i)));
+  }
+}
+
 // out[j * kLd + i] = sums[i * kLd + j] for a kBlock x kBlock block, quadrant by quadrant.
 void turn_block(const float* sums, float* out) {
   for (int64_t qi = 0; qi < kBlock; qi += 16) {
@@ -116,21 +151,25 @@ void pack_panels(const Bf16Operand& P, int64_t K, int64_t panels, uint16_t* pack
       std::memset(dst, 0, panel_size * sizeof(uint16_t));
       const int64_t r0 = panel * kPanel, rows = std::clamp<int64_t>(P.rows - r0, 0, kPanel);
       int64_t whole = 0;  // k packed by whole tiles
-      if (P.ps == 1 && rows == kPanel) {
+      if (P.ps == 1 && P.shift == 0 && rows == kPanel) {
         for (; whole + kStep <= kc; whole += kStep) {
           const void* src[kPanel];
           for (int64_t i = 0; i < kPanel; ++i) src[i] = P.data + (r0 + i) * P.rs + k0 + whole;
           transpose_16x16(src, reinterpret_cast<char*>(dst + whole * kPanel), 64);
         }
+      } else if (P.rs == 1 && P.shift == 1 && rows == kPanel) {
+        // Pair j of every row is one value twice: tile row j is 16 adjacent values, doubled.
+        for (int64_t j = 0; 2 * j < kc; ++j) pack_doubled(P.data + r0 + (k0 / 2 + j) * P.ps, dst + 2 * j * kPanel);
+        whole = kc;
       }
       for (int64_t i = 0; i < rows; ++i) {
-        const uint16_t* src = P.data + (r0 + i) * P.rs + k0 * P.ps;
+        const uint16_t* src = P.data + (r0 + i) * P.rs + (k0 >> P.shift) * P.ps;
         uint16_t* out = dst + 2 * i;
-        if (P.ps == 1) {
+        if (P.ps == 1 && P.shift == 0) {
           for (int64_t k = whole; k + 1 < kc; k += 2) std::memcpy(out + k * kPanel, src + k, 4);
           if (kc % 2) out[(kc - 1) * kPanel] = src[kc - 1];
         } else {
-          for (int64_t k = 0; k < kc; ++k) out[(k / 2) * 2 * kPanel + k % 2] = src[k * P.ps];
+          for (int64_t k = whole; k < kc; ++k) out[(k / 2) * 2 * kPanel + k % 2] = src[(k >> P.shift) * P.ps];
         }
       }
     }
@@ -233,6 +272,41 @@ void gemm(const Bf16Operand& P, const Bf16Operand& Q, int64_t K, bool p_rows, co
   });
 }
 
+void split_gemm(const float* g, int64_t rows, int64_t K, bool g_transposed, const Bf16Operand& V,
+                const BlockSink& sink) {
+  // pairs[a * K + p] = G(a, p)'s (hi, lo): a bfloat16 operand with 2K values per row.
+  const cpu::BackendBuffer<uint32_t> pairs(rows * K);
+  if (!g_transposed) {
+    parallel_for(rows, std::max<int64_t>(1, (1 << 14) / (K + 1)), [&](int64_t begin, int64_t end) {
+      for (int64_t a = begin; a < end; ++a) split_row(g + a * K, K, pairs.get() + a * K);
+    });
+  } else {
+    // Split as stored (K rows of `rows`), then turned around 16 x 16 at a time.
+    const cpu::BackendBuffer<uint32_t> stored(K * rows);
+    parallel_for(K, std::max<int64_t>(1, (1 << 14) / (rows + 1)), [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) split_row(g + p * rows, rows, stored.get() + p * rows);
+    });
+    const int64_t a_blocks = (rows + 15) / 16, p_blocks = (K + 15) / 16;
+    parallel_for(a_blocks * p_blocks, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t a0 = item / p_blocks * 16, p0 = item % p_blocks * 16;
+        if (a0 + 16 <= rows && p0 + 16 <= K) {
+          const void* src[16];
+          for (int64_t i = 0; i < 16; ++i) src[i] = stored.get() + (p0 + i) * rows + a0;
+          transpose_16x16(src, reinterpret_cast<char*>(pairs.get() + a0 * K + p0), K * sizeof(uint32_t));
+        } else {
+          for (int64_t a = a0; a < std::min(rows, a0 + 16); ++a)
+            for (int64_t p = p0; p < std::min(K, p0 + 16); ++p) pairs.get()[a * K + p] = stored.get()[p * rows + a];
+        }
+      }
+    });
+  }
+  const Bf16Operand Q{reinterpret_cast<const uint16_t*>(pairs.get()), rows, 2 * K, 1};
+  Bf16Operand P = V;
+  P.shift = 1;
+  gemm(P, Q, 2 * K, false, sink);
+}
+
 }  // namespace opforge::linear_act::amx
 
 #else
@@ -242,6 +316,9 @@ void gemm(const Bf16Operand& P, const Bf16Operand& Q, int64_t K, bool p_rows, co
 namespace opforge::linear_act::amx {
 void gemm(const Bf16Operand&, const Bf16Operand&, int64_t, bool, const BlockSink&) {
   fail(ErrorKind::runtime, "linear_act(): the AMX product needs an x86-64 Linux build");
+}
+void split_gemm(const float*, int64_t, int64_t, bool, const Bf16Operand&, const BlockSink&) {
+  fail(ErrorKind::runtime, "linear_act_backward(): the AMX product needs an x86-64 Linux build");
 }
 }  // namespace opforge::linear_act::amx
 

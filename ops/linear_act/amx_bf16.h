@@ -7,10 +7,12 @@
 
 namespace opforge::linear_act::amx {
 
-// Element (r, p) at data[r * rs + p * ps], r < rows, as bfloat16 bits.
+// Element (r, p) at data[r * rs + (p >> shift) * ps], r < rows, as bfloat16 bits. shift = 1
+// repeats each value twice along p (split_gemm's other operand).
 struct Bf16Operand {
   const uint16_t* data;
   int64_t rows, rs, ps;
+  int shift = 0;
 };
 
 // Receives each finished block of sums, C[q0 + i][p0 + j] for i < nq, j < np (both at most
@@ -31,5 +33,14 @@ inline constexpr int64_t kBlock = 32;
 // Results do not depend on the thread count. P is packed (any strides); Q is copied a block of rows at a
 // time, once per 512 rows of P. Needs amx_enabled(); K >= 1.
 void gemm(const Bf16Operand& P, const Bf16Operand& Q, int64_t K, bool p_rows, const BlockSink& sink);
+
+// The backward's products, whose left factor is float32: C[a][b] = sum_p G(a, p) * V(b, p) for
+// G(a, p) at g[a * K + p], or with g_transposed at g[p * rows + a] (a < rows, p < K), and V
+// bfloat16 (shift 0). Each G value goes in as two bfloat16 parts, hi (rounded) and lo (the
+// rest, rounded; 0 where hi is infinite): 16 of float's 24 bits, as the CUDA backward splits
+// it, in one tile product of pairs (hi, lo) x (v, v). Blocks reach sink as in gemm without
+// p_rows (rows along a). Needs amx_enabled(); K >= 1.
+void split_gemm(const float* g, int64_t rows, int64_t K, bool g_transposed, const Bf16Operand& V,
+                const BlockSink& sink);
 
 }  // namespace opforge::linear_act::amx

@@ -152,18 +152,6 @@ def test_deterministic_across_thread_counts(rng, restore_threads, shape):
     check(x, w, b, "torch", "float32", act="gelu")
 
 
-@pytest.fixture(params=[True, False], ids=["amx", "no_amx"])
-def amx(request):
-    """AVX3 pinned, AMX on and off; skipped where this CPU (or OS) gives the process no AMX."""
-    if not opforge.amx_supported():
-        pytest.skip("no AMX on this CPU or OS (needs AMX-BF16 and Linux's tile-state permission)")
-    opforge.set_simd_target("AVX3")
-    opforge.set_amx_enabled(request.param)
-    yield request.param
-    opforge.set_amx_enabled(True)
-    opforge.set_simd_target("")
-
-
 # The AMX product's paths: x packed (fewer rows) or weight packed; k = 513 and 1030 end in a
 # partial tile inside a second K block; 600 packed rows span two P ranges; odd rows everywhere.
 @pytest.mark.parametrize("shape", [(33, 65, 513), (600, 70, 1030), (700, 600, 64), (40, 7000, 40), (17, 40, 1)],

@@ -12,7 +12,8 @@ OPFORGE_OP(linear_act_backward) {
            "g^T @ x over all leading dims, grad_bias = the sum of g over them. grad_bias has shape [n] also "
            "without a bias. output_mask: bit 0 for grad_x, 1 for grad_weight, 2 for grad_bias; a result not "
            "asked for comes back empty (shape [0]), uncomputed (the adapters ask for the gradients autograd "
-           "wants). Half types are computed in float32; results do not depend on the thread count.")
+           "wants). Half types are computed in float32 (bfloat16 on Intel AMX tiles where the CPU has them, g "
+           "in two bfloat16 parts, hi + lo, as on CUDA); results do not depend on the thread count.")
       .dtypes("grad", opforge::float_dtypes())
       .same_dtype("x", "grad")
       .same_dtype("weight", "grad")

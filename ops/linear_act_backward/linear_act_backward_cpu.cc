@@ -53,6 +53,23 @@ void SumRows(const C* g, int64_t m, int64_t n, T* out) {
   });
 }
 
+// D[a, b] = sum_p G(a, p) V(b, p) for the float G of g (G(a, p) = g[a * K + p], or g[p * rows + a]
+// where transposed) on AMX tiles, G split into two bfloat16 parts (amx::split_gemm): bfloat16
+// only, under AVX3 with AMX on. false: not taken (the caller runs Matmul).
+template <typename T, typename C>
+bool SplitProduct(const C* g, int64_t rows, int64_t K, bool transposed, const Operand<T>& v, const Epilogue<C>& epi) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
+    if (K < 1 || !amx_enabled()) return false;
+    const linear_act::amx::Bf16Operand bits{reinterpret_cast<const uint16_t*>(v.data), v.rows, v.rs, v.ps};
+    linear_act::amx::split_gemm(g, rows, K, transposed, bits, AmxBlocks(epi, false));
+    return true;
+  }
+#endif
+  (void)g, (void)rows, (void)K, (void)transposed, (void)v, (void)epi;
+  return false;
+}
+
 void Run(const KernelCall& call) {
   const TensorView& grad = call.tensor("grad");
   const TensorView& x = call.tensor("x");
@@ -103,11 +120,13 @@ void Run(const KernelCall& call) {
     // no grad_x, a frozen weight no grad_weight, each a third of the work.
     if (call.output(0).numel()) {
       const BiasAct<T, Identity> grad_x(call.output(0).data_as<T>(), k, nullptr, Identity{});
-      Matmul(Operand<C>{g, m, n, 1}, Operand<T>{wb.data, k, wb.ps, wb.rs}, n, grad_x);
+      if (!SplitProduct<T>(g, m, n, false, Operand<T>{wb.data, k, wb.ps, wb.rs}, grad_x))
+        Matmul(Operand<C>{g, m, n, 1}, Operand<T>{wb.data, k, wb.ps, wb.rs}, n, grad_x);
     }
     if (call.output(1).numel()) {
       const BiasAct<T, Identity> grad_w(call.output(1).data_as<T>(), k, nullptr, Identity{});
-      Matmul(Operand<C>{g, n, 1, n}, Operand<T>{xa.data, k, xa.ps, xa.rs}, m, grad_w);
+      if (!SplitProduct<T>(g, n, m, true, Operand<T>{xa.data, k, xa.ps, xa.rs}, grad_w))
+        Matmul(Operand<C>{g, n, 1, n}, Operand<T>{xa.data, k, xa.ps, xa.rs}, m, grad_w);
     }
     if (call.output(2).numel()) SumRows(g, m, n, call.output(2).data_as<T>());
   });

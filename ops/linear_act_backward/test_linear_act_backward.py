@@ -211,3 +211,43 @@ W = np.ones((4, 3), np.float32)
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+# bfloat16 on AMX tiles, g split into two bfloat16 parts (SplitProduct): odd shapes everywhere,
+# n = 1 and m = 1 (one-value sums), 600 rows of the packed operand (two P ranges), 1030 summed
+# values (a partial tile after a second K block).
+@pytest.mark.parametrize("shape", [(33, 65, 513), (600, 70, 40), (40, 515, 600), (1, 40, 33), (37, 1, 20)], ids=str)
+def test_amx_shapes(amx, rng, shape):
+    check(*arrays(rng, *shape, "torch", "bfloat16"), "torch", "bfloat16", "gelu")
+
+
+@pytest.mark.parametrize("operand", ["grad", "x", "weight"])
+def test_amx_strided(amx, rng, operand):
+    # A transposed weight or x reaches the tiles' packing with its values apart (no vector path).
+    grad, x, w, b = arrays(rng, 40, 50, 33, "torch", "bfloat16")
+    shapes = {"grad": (40, 50), "x": (40, 33), "weight": (50, 33)}
+    view = strided(rng, shapes[operand], "torch", "bfloat16", "transposed")[0]
+    args = {"grad": grad, "x": x, "weight": w, operand: view}
+    check(args["grad"], args["x"], args["weight"], b, "torch", "bfloat16", "silu")
+
+
+def test_amx_keeps_g_to_twice_bfloat16_precision(rng):
+    # g = grad * act'(z) is float32; on AMX it goes in as hi + lo bfloat16 parts. With both, the
+    # rounded gradients match the float32 kernel's but for rare ties at a rounding boundary;
+    # with hi alone (g rounded to bfloat16, as torch's bfloat16 autograd does) a sizeable share
+    # of them would differ by an ulp.
+    if not opforge.amx_supported():
+        pytest.skip("no AMX on this CPU or OS")
+    grad, x, w, b = arrays(rng, 64, 200, 96, "torch", "bfloat16")
+    opforge.set_simd_target("AVX3")
+    try:
+        opforge.set_amx_enabled(False)
+        want = opforge.linear_act_backward(grad, x, w, b, act="gelu")
+        opforge.set_amx_enabled(True)
+        got = opforge.linear_act_backward(grad, x, w, b, act="gelu")
+    finally:
+        opforge.set_amx_enabled(True)
+        opforge.set_simd_target("")
+    for name, g, wv in zip(("grad_x", "grad_weight"), got[:2], want[:2]):
+        differ = (g != wv).float().mean().item()
+        assert differ < 0.02, f"{name}: {differ:.1%} of the values differ from the float32 kernel's"

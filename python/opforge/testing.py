@@ -260,3 +260,16 @@ def simd_target(request):
     opforge.set_simd_target(request.param)
     yield request.param
     opforge.set_simd_target("")
+
+
+@pytest.fixture(params=[True, False], ids=["amx", "no_amx"])
+def amx(request):
+    """Runs the test with AMX on and off, the AVX3 target pinned; skipped where this CPU (or OS)
+    gives the process no AMX."""
+    if not opforge.amx_supported():
+        pytest.skip("no AMX on this CPU or OS (needs AMX-BF16 and Linux's tile-state permission)")
+    opforge.set_simd_target("AVX3")
+    opforge.set_amx_enabled(request.param)
+    yield request.param
+    opforge.set_amx_enabled(True)
+    opforge.set_simd_target("")
