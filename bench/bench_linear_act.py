@@ -1,13 +1,17 @@
 """linear_act (x @ weight^T + bias, then exact gelu) against torch eager and jax.jit, float32 and
-bfloat16, side by side in one run.
+bfloat16, the forward alone and a training step (forward and the gradients of x, weight and
+bias), side by side in one run.
 
     python bench/bench_linear_act.py [--shapes 64x1024x1024,1024x1024x1024,2048x2048x2048]
-                                     [--dtypes float32,bfloat16] [--repeats 10] [--rounds 3]
+                                     [--dtypes float32,bfloat16] [--kinds forward,step]
+                                     [--repeats 10] [--rounds 3]
 
 Each shape is m x k x n (x [m, k], weight [n, k]). opforge runs as a torch user calls it
 (`opforge.torch.linear_act`); on CPUs with AMX its bfloat16 rows are measured twice, AMX on
 (the default) and off (the AVX-512 kernel). torch: `gelu(F.linear(x, w, b))` (oneDNN, which
-uses AMX for bfloat16 where the CPU has it); jax: one jit of the same. Medians of `repeats`
+uses AMX for bfloat16 where the CPU has it); jax: one jit of the same. A step: opforge through
+`opforge.torch.linear_act` and `torch.autograd.grad`, torch eager the same way, jax one jit of
+the forward and `jax.vjp`; 3 products, 6 m n k flops. Medians of `repeats`
 calls, then the median over `rounds` sweeps (noise on a shared machine comes in bursts).
 GFLOP/s count 2 m n k; speedups are their time / ours (> 1: opforge faster). Writes
 bench/results/linear_act_cpu.csv and .png.
@@ -26,15 +30,26 @@ import opforge
 import opforge.torch as ot
 
 
-def implementations(x, w, b):
+def implementations(x, w, b, kind):
     """{name: (zero-argument callable, sync)} for one case; opforge's AMX switch set by the caller."""
     xj, wj, bj = (jnp.asarray(t.float().numpy()).astype(jnp.bfloat16 if t.dtype == torch.bfloat16 else jnp.float32)
                   for t in (x, w, b))
-    jitted = jax.jit(lambda x, w, b: jax.nn.gelu(x @ w.T + b, approximate=False))
+    forward = lambda x, w, b: jax.nn.gelu(x @ w.T + b, approximate=False)  # noqa: E731
+    if kind == "forward":
+        jitted = jax.jit(forward)
+        return {
+            "opforge": (lambda: ot.linear_act(x, w, b, act="gelu"), lambda r: r),
+            "torch eager": (lambda: F.gelu(F.linear(x, w, b)), lambda r: r),
+            "jax.jit": (lambda: jitted(xj, wj, bj), jax.block_until_ready),
+        }
+    x, w, b = (t.detach().requires_grad_() for t in (x, w, b))
+    g = torch.randn(x.shape[0], w.shape[0], dtype=x.dtype)
+    gj = jnp.asarray(g.float().numpy()).astype(xj.dtype)
+    step = jax.jit(lambda x, w, b, g: jax.vjp(forward, x, w, b)[1](g))
     return {
-        "opforge": (lambda: ot.linear_act(x, w, b, act="gelu"), lambda r: r),
-        "torch eager": (lambda: F.gelu(F.linear(x, w, b)), lambda r: r),
-        "jax.jit": (lambda: jitted(xj, wj, bj), jax.block_until_ready),
+        "opforge": (lambda: torch.autograd.grad(ot.linear_act(x, w, b, act="gelu"), (x, w, b), g), lambda r: r),
+        "torch eager": (lambda: torch.autograd.grad(F.gelu(F.linear(x, w, b)), (x, w, b), g), lambda r: r),
+        "jax.jit": (lambda: step(xj, wj, bj, gj), jax.block_until_ready),
     }
 
 
@@ -42,6 +57,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="64x1024x1024,1024x1024x1024,2048x2048x2048")
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--kinds", default="forward,step")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
@@ -51,16 +67,18 @@ def main():
     print(f"{common.machine()}; opforge {opforge.__version__}, {opforge.num_threads()} threads, AMX "
           f"{'supported' if amx else 'not supported'}; torch {torch.__version__}, jax {jax.__version__}")
     cases = []
-    for shape in args.shapes.split(","):
-        m, k, n = (int(v) for v in shape.split("x"))
-        for name in args.dtypes.split(","):
-            dtype = getattr(torch, name)
-            x = torch.randn(m, k, dtype=dtype)
-            w = (torch.randn(n, k) / k**0.5).to(dtype)
-            b = torch.randn(n, dtype=dtype)
-            impls = implementations(x, w, b)
-            variants = [("opforge", True)] + ([("opforge (AMX off)", False)] if amx and name == "bfloat16" else [])
-            cases.append((shape, name, 2.0 * m * n * k, impls, variants))
+    for kind in args.kinds.split(","):
+        for shape in args.shapes.split(","):
+            m, k, n = (int(v) for v in shape.split("x"))
+            for name in args.dtypes.split(","):
+                dtype = getattr(torch, name)
+                x = torch.randn(m, k, dtype=dtype)
+                w = (torch.randn(n, k) / k**0.5).to(dtype)
+                b = torch.randn(n, dtype=dtype)
+                impls = implementations(x, w, b, kind)
+                variants = [("opforge", True)] + ([("opforge (AMX off)", False)] if amx and name == "bfloat16" else [])
+                flops = (2.0 if kind == "forward" else 6.0) * m * n * k
+                cases.append((f"{kind} {shape}", name, flops, impls, variants))
     times = {}
     for _ in range(args.rounds):
         for shape, name, _, impls, variants in cases:
@@ -73,18 +91,18 @@ def main():
                 fn, sync = impls[label]
                 times.setdefault((shape, name, label), []).append(common.median_seconds(fn, args.repeats, sync=sync))
     rows = []
-    print(f"\n{'shape':<16} {'dtype':<9} {'implementation':<18} {'ms':>9} {'GFLOP/s':>8} {'opforge speedup':>15}")
+    print(f"\n{'case':<22} {'dtype':<9} {'implementation':<18} {'ms':>9} {'GFLOP/s':>8} {'opforge speedup':>15}")
     for shape, name, flops, _, variants in cases:
         ours = statistics.median(times[(shape, name, "opforge")])
         for label in [v for v, _ in variants] + ["torch eager", "jax.jit"]:
             t = statistics.median(times[(shape, name, label)])
-            print(f"{shape:<16} {name:<9} {label:<18} {t * 1e3:>9.3f} {flops / t / 1e9:>8.1f} {t / ours:>14.2f}x")
-            rows.append({"shape": shape, "dtype": name, "impl": label, "median_ms": t * 1e3,
+            print(f"{shape:<22} {name:<9} {label:<18} {t * 1e3:>9.3f} {flops / t / 1e9:>8.1f} {t / ours:>14.2f}x")
+            rows.append({"case": shape, "dtype": name, "impl": label, "median_ms": t * 1e3,
                          "GFLOP_per_s": flops / t / 1e9, "opforge_speedup": t / ours})
     print(f"\nwrote {common.write_csv('linear_act_cpu', rows)}")
     labels = list(dict.fromkeys(r["impl"] for r in rows))
-    groups = list(dict.fromkeys(f"{r['shape']} {r['dtype']}" for r in rows))
-    series = {label: [next((r["GFLOP_per_s"] for r in rows if f"{r['shape']} {r['dtype']}" == g and r["impl"] == label),
+    groups = list(dict.fromkeys(f"{r['case']} {r['dtype']}" for r in rows))
+    series = {label: [next((r["GFLOP_per_s"] for r in rows if f"{r['case']} {r['dtype']}" == g and r["impl"] == label),
                            0.0) for g in groups] for label in labels}
     print(f"wrote {common.bar_plot('linear_act_cpu', 'linear_act (gelu) on the CPU', groups, series, 'GFLOP/s')}")
 

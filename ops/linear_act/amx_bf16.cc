@@ -22,6 +22,7 @@
 
 #include "opforge/cpu/scratch.h"
 #include "opforge/parallel.h"
+#include "ops/linear_act/amx_transpose.h"
 
 namespace opforge::linear_act::amx {
 
@@ -63,66 +64,10 @@ void copy_q_slice(const Bf16Operand& Q, int64_t q0, int64_t k0, int64_t kc, uint
 
 HWY_PUSH_ATTRIBUTES("amx-tile,amx-bf16,avx512f,avx512bw")
 
-// dst row j (dst_stride bytes apart) = 32-bit element j of src rows 0..15: a 16 x 16 transpose in
-// registers. Packs P (a row's pair j of k + 2j, k + 2j + 1 to tile row j) and turns blocks of sums
-// around (element by element, packing took 8% of a 2048^3 product, the turn 7% of 1024^3).
-void transpose_16x16(const void* const src[16], char* dst, int64_t dst_stride) {
-  __m512i r[16], t[16], u[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src[i]);
-  for (int i = 0; i < 16; i += 2) {  // within 128-bit lanes: rows i, i + 1 interleaved
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int g = 0; g < 16; g += 4) {  // u[g + c], lane L: element 4L + c of rows g..g + 3
-    u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
-    u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
-    u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
-    u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {  // element 4L + c: lane L of u[c], u[4 + c], u[8 + c], u[12 + c]
-    const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
-    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
-    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
-    _mm512_storeu_si512(dst + c * dst_stride, _mm512_shuffle_i32x4(v0, v2, 0x88));
-    _mm512_storeu_si512(dst + (4 + c) * dst_stride, _mm512_shuffle_i32x4(v0, v2, 0xdd));
-    _mm512_storeu_si512(dst + (8 + c) * dst_stride, _mm512_shuffle_i32x4(v1, v3, 0x88));
-    _mm512_storeu_si512(dst + (12 + c) * dst_stride, _mm512_shuffle_i32x4(v1, v3, 0xdd));
-  }
-}
-
 // dst[2i] = dst[2i + 1] = src[i] for i < 16: one tile row of a doubled operand.
 void pack_doubled(const uint16_t* src, uint16_t* dst) {
   const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
   _mm512_storeu_si512(dst, _mm512_or_si512(v, _mm512_slli_epi32(v, 16)));
-}
-
-// float32 bits rounded to bfloat16 bits (to nearest even; NaN stays NaN), in the low half.
-__m512i round_to_bf16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-}
-
-// 16 floats as (hi, lo) bfloat16 pairs, hi in the low half of each 32-bit lane.
-__m512i split_pairs(__m512 v) {
-  const __m512i hi = round_to_bf16(v);
-  const __m512 hi_value = _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16));
-  const __mmask16 infinite = _mm512_cmpeq_epi32_mask(_mm512_and_si512(hi, _mm512_set1_epi32(0x7fff)),
-                                                    _mm512_set1_epi32(0x7f80));
-  const __m512 rest = _mm512_maskz_sub_ps(static_cast<__mmask16>(~infinite), v, hi_value);
-  return _mm512_or_si512(hi, _mm512_slli_epi32(round_to_bf16(rest), 16));
-}
-
-// pairs[i] = split_pairs(g[i]) for i < n.
-void split_row(const float* g, int64_t n, uint32_t* pairs) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_si512(pairs + i, split_pairs(_mm512_loadu_ps(g + i)));
-  if (i < n) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
-    _mm512_mask_storeu_epi32(pairs + i, tail, split_pairs(_mm512_maskz_loadu_ps(tail, g + i)));
-  }
 }
 
 // out[j * kLd + i] = sums[i * kLd + j] for a kBlock x kBlock block, quadrant by quadrant.
@@ -272,41 +217,6 @@ void gemm(const Bf16Operand& P, const Bf16Operand& Q, int64_t K, bool p_rows, co
   });
 }
 
-void split_gemm(const float* g, int64_t rows, int64_t K, bool g_transposed, const Bf16Operand& V,
-                const BlockSink& sink) {
-  // pairs[a * K + p] = G(a, p)'s (hi, lo): a bfloat16 operand with 2K values per row.
-  const cpu::BackendBuffer<uint32_t> pairs(rows * K);
-  if (!g_transposed) {
-    parallel_for(rows, std::max<int64_t>(1, (1 << 14) / (K + 1)), [&](int64_t begin, int64_t end) {
-      for (int64_t a = begin; a < end; ++a) split_row(g + a * K, K, pairs.get() + a * K);
-    });
-  } else {
-    // Split as stored (K rows of `rows`), then turned around 16 x 16 at a time.
-    const cpu::BackendBuffer<uint32_t> stored(K * rows);
-    parallel_for(K, std::max<int64_t>(1, (1 << 14) / (rows + 1)), [&](int64_t begin, int64_t end) {
-      for (int64_t p = begin; p < end; ++p) split_row(g + p * rows, rows, stored.get() + p * rows);
-    });
-    const int64_t a_blocks = (rows + 15) / 16, p_blocks = (K + 15) / 16;
-    parallel_for(a_blocks * p_blocks, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t a0 = item / p_blocks * 16, p0 = item % p_blocks * 16;
-        if (a0 + 16 <= rows && p0 + 16 <= K) {
-          const void* src[16];
-          for (int64_t i = 0; i < 16; ++i) src[i] = stored.get() + (p0 + i) * rows + a0;
-          transpose_16x16(src, reinterpret_cast<char*>(pairs.get() + a0 * K + p0), K * sizeof(uint32_t));
-        } else {
-          for (int64_t a = a0; a < std::min(rows, a0 + 16); ++a)
-            for (int64_t p = p0; p < std::min(K, p0 + 16); ++p) pairs.get()[a * K + p] = stored.get()[p * rows + a];
-        }
-      }
-    });
-  }
-  const Bf16Operand Q{reinterpret_cast<const uint16_t*>(pairs.get()), rows, 2 * K, 1};
-  Bf16Operand P = V;
-  P.shift = 1;
-  gemm(P, Q, 2 * K, false, sink);
-}
-
 }  // namespace opforge::linear_act::amx
 
 #else
@@ -316,9 +226,6 @@ void split_gemm(const float* g, int64_t rows, int64_t K, bool g_transposed, cons
 namespace opforge::linear_act::amx {
 void gemm(const Bf16Operand&, const Bf16Operand&, int64_t, bool, const BlockSink&) {
   fail(ErrorKind::runtime, "linear_act(): the AMX product needs an x86-64 Linux build");
-}
-void split_gemm(const float*, int64_t, int64_t, bool, const Bf16Operand&, const BlockSink&) {
-  fail(ErrorKind::runtime, "linear_act_backward(): the AMX product needs an x86-64 Linux build");
 }
 }  // namespace opforge::linear_act::amx
 
