@@ -19,6 +19,8 @@ def _print_info(as_json: bool) -> None:
     print(f"SIMD targets compiled: {', '.join(info['simd_compiled'])}")
     print(f"SIMD targets this CPU runs: {', '.join(info['simd_supported'])}")
     print(f"SIMD target chosen: {info['simd_chosen']}")
+    amx = info["amx"]
+    print(f"AMX (bfloat16 tiles): {'not supported' if not amx['supported'] else 'on' if amx['enabled'] else 'off'}")
     print(f"CUDA kernels compiled: {'yes' if info['built_with_cuda'] else 'no'}")
     print(f"cuBLASLt (linear_act on CUDA): {info['cublaslt']}")
     print("Backends:")
@@ -74,7 +76,7 @@ def _build_plugin(folders: list[str], output: str | None, verbose: bool) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="opforge", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    info = sub.add_parser("info", help="version, SIMD targets, backends, threads")
+    info = sub.add_parser("info", help="version, SIMD targets, AMX, backends, threads")
     info.add_argument("--json", action="store_true", help="print as JSON")
     tour = sub.add_parser("tour", help="run every op in every installed framework against its reference")
     tour.add_argument("--frameworks", default="numpy,torch,jax", help="comma-separated subset to try")

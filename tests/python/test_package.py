@@ -176,6 +176,26 @@ def test_console_script():
     assert callable(script.load())
 
 
+@pytest.mark.skipif(importlib.util.find_spec("opforge.cli") is None, reason="opforge.cli not written yet")
+def test_cli_info_says_whether_amx_is_used(capsys):
+    from opforge.cli import main
+
+    before = opforge.amx_enabled()
+    try:
+        opforge.set_amx_enabled(False)
+        assert main(["info"]) == 0
+        off = capsys.readouterr().out
+        opforge.set_amx_enabled(True)
+        assert main(["info"]) == 0
+        on = capsys.readouterr().out
+    finally:
+        opforge.set_amx_enabled(before)
+    if opforge.amx_supported():
+        assert "AMX (bfloat16 tiles): off\n" in off and "AMX (bfloat16 tiles): on\n" in on
+    else:
+        assert "AMX (bfloat16 tiles): not supported\n" in off and "AMX (bfloat16 tiles): not supported\n" in on
+
+
 # Symbols only the C++ runtime and the CUDA runtime define: a library of opforge's exporting one
 # carries a static copy of that runtime. Torch's shared libstdc++ then takes over some calls of
 # that copy, and the first error message that formats a number crashes (seen with a compiler that
