@@ -104,6 +104,12 @@ void Dot(const Operand<TX>& X, const Operand<TY>& Y, int64_t K, bool x_is_a, con
   });
 }
 
+// Whether a product D = A B^T packs A rather than B. Packing costs rows * K element moves, and
+// a packed A also hands its tiles over turned around (A.rows * B.rows moves more: Epilogue::Cols
+// element by element, or AMX's blocks transposed): so only where A is much smaller than B (a few
+// rows of x against a big weight).
+inline bool PacksA(int64_t a_rows, int64_t b_rows, int64_t k) { return a_rows * (k + b_rows) < b_rows * k; }
+
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 // Hands AMX's blocks of sums to an Epilogue, row by row of D: the packed operand P's rows where
 // P is the product's A (the blocks then arrive turned around), else the other's.
@@ -123,16 +129,13 @@ class AmxBlocks final : public linear_act::amx::BlockSink {
   bool p_is_a_;
 };
 
-// D = A B^T on AMX tiles. Packing B costs B.rows * K element moves; packing A costs A.rows * K
-// and turning each block of sums around (A.rows * B.rows moves); the other operand's copies
-// cost the same either way. So A is packed only where it is much smaller than B (a few rows of
-// x against a big weight).
+// D = A B^T on AMX tiles (the unpacked operand's copies cost the same whichever is packed).
 inline void AmxGemm(const Operand<hwy::bfloat16_t>& A, const Operand<hwy::bfloat16_t>& B, int64_t K,
                     const Epilogue<float>& epi) {
   const auto bits = [](const Operand<hwy::bfloat16_t>& o) {
     return linear_act::amx::Bf16Operand{reinterpret_cast<const uint16_t*>(o.data), o.rows, o.rs, o.ps};
   };
-  const bool p_is_a = A.rows * (K + B.rows) < B.rows * K;
+  const bool p_is_a = PacksA(A.rows, B.rows, K);
   linear_act::amx::gemm(bits(p_is_a ? A : B), bits(p_is_a ? B : A), K, p_is_a, AmxBlocks(epi, p_is_a));
 }
 #endif
@@ -156,9 +159,7 @@ void Matmul(const Operand<TA>& A, const Operand<TB>& B, int64_t K, const Epilogu
     if (K > 0 && amx_enabled()) return AmxGemm(A, B, K, epi);
   }
 #endif
-  // A packed only where it is much smaller than B, as for AMX: packing it also means handing the
-  // tiles over turned around (Epilogue::Cols, element by element).
-  if (A.rows * (K + B.rows) < B.rows * K) {
+  if (PacksA(A.rows, B.rows, K)) {
     Gemm(A, B, K, true, epi);
   } else {
     Gemm(B, A, K, false, epi);
