@@ -239,6 +239,7 @@ def test_amx_keeps_g_to_twice_bfloat16_precision(rng):
     if not opforge.amx_supported():
         pytest.skip("no AMX on this CPU or OS")
     grad, x, w, b = arrays(rng, 64, 200, 96, "torch", "bfloat16")
+    before = opforge.amx_enabled()
     opforge.set_simd_target("AVX3")
     try:
         opforge.set_amx_enabled(False)
@@ -246,7 +247,7 @@ def test_amx_keeps_g_to_twice_bfloat16_precision(rng):
         opforge.set_amx_enabled(True)
         got = opforge.linear_act_backward(grad, x, w, b, act="gelu")
     finally:
-        opforge.set_amx_enabled(True)
+        opforge.set_amx_enabled(before)
         opforge.set_simd_target("")
     for name, g, wv in zip(("grad_x", "grad_weight"), got[:2], want[:2]):
         differ = (g != wv).float().mean().item()

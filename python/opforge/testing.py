@@ -268,8 +268,9 @@ def amx(request):
     gives the process no AMX."""
     if not opforge.amx_supported():
         pytest.skip("no AMX on this CPU or OS (needs AMX-BF16 and Linux's tile-state permission)")
+    before = opforge.amx_enabled()  # off where OPFORGE_AMX=0 started the process so
     opforge.set_simd_target("AVX3")
     opforge.set_amx_enabled(request.param)
     yield request.param
-    opforge.set_amx_enabled(True)
+    opforge.set_amx_enabled(before)
     opforge.set_simd_target("")
