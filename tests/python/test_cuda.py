@@ -558,6 +558,12 @@ def activate(z, act):
             "silu": torch.nn.functional.silu}[act](z)
 
 
+def slope_at(p, act):
+    """act'(p) in float64, a constant to autograd."""
+    p = p.clone().requires_grad_()
+    return torch.autograd.grad(activate(p, act).sum(), p)[0]
+
+
 def labelled(label):
     """assert_close's msg: the label before its own message (a plain string would replace it, and
     with it the mismatch's numbers)."""
@@ -725,11 +731,13 @@ def test_linear_act_backward_libraries_and_layouts(dtype, act, saved, matmul_lib
         leaves = [t.cpu().double().requires_grad_() for t in (x, w) + ((b,) if b is not None else ())]
         z = torch.nn.functional.linear(*leaves)
         preact = torch.ops.opforge.linear_act_with_preact(x, w, b, act=act)[1] if saved else None
-        if act == "relu" and saved:
-            # relu' jumps at 0 and the kernel takes it at the saved preact, whose sign may differ
-            # from float64's where |z| is below the product's rounding (the half types through
-            # cuBLASLt: opforge.testing.product_rounding): the reference takes the same side.
-            y = z * (preact.cpu().double() > 0)
+        if saved:
+            # The kernel takes act' at the saved preact, already rounded to dtype: for relu a sign
+            # that may differ from float64's where |z| is below the product's rounding (the half
+            # types through cuBLASLt: opforge.testing.product_rounding), for gelu and silu a slope
+            # off by act'' times that rounding, summed over the rows into the bias's gradient. The
+            # reference takes act' at the same point: y = z * act'(preact) has dy/dz = act'(preact).
+            y = z * slope_at(preact.cpu().double(), act)
         else:
             y = activate(z, act)
         want = torch.autograd.grad(y, leaves, grad.cpu().double())
