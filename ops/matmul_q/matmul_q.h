@@ -36,6 +36,12 @@ bool cpu_has_avx512_vnni();
 void gemm_avx2(const Activations& a, const Weights& w, float* y);
 // 16 columns a tile, vpdpbusd. Needs AVX-512 F/BW/VL and VNNI (cpu_has_avx512_vnni()).
 void gemm_vnni(const Activations& a, const Weights& w, float* y);
+// The same for products of a few rows (decoding), the weights read where they lie instead of
+// packed: matmul_q_rows_x86.cc. gemm_avx2 and gemm_vnni hand over products of up to
+// kFewRows rows.
+constexpr int64_t kFewRows = 2;
+void rows_avx2(const Activations& a, const Weights& w, float* y);
+void rows_vnni(const Activations& a, const Weights& w, float* y);
 #endif
 
 }  // namespace opforge::matmul_q

@@ -11,40 +11,18 @@
 #include "ops/matmul_q/matmul_q.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <hwy/base.h>
-#include <immintrin.h>
-
-#include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "opforge/parallel.h"
+#include "ops/matmul_q/matmul_q_x86.h"
 
 namespace opforge::matmul_q {
 
 namespace {
 
-constexpr int64_t kRowChunk = 64;    // activation rows sharing one packed weight chunk
-constexpr int64_t kBlockChunk = 32;  // blocks per packed chunk: 16 KiB of VNNI tile, in L1
+using namespace x86;
 
-inline int32_t weight_offset(quant::Format f) { return f == quant::Format::q8_0 ? 128 : 8; }
-
-inline int32_t load_group(const int8_t* x) {
-  int32_t v;
-  std::memcpy(&v, x, 4);
-  return v;
-}
-
-// The fp16 scales of a chunk's blocks in a tile's columns, hs[b * W + c]: scalar copies, turned into
-// doubles by the kernel once the chunk is done (reading them back at once would stall on
-// store forwarding). Packing with gathers instead of loads and a transpose was simpler but
-// made one-row products 2.8x slower on this project's AMD EPYC (Zen 4), where gathers are
-// slow; Intel parts with the Gather Data Sampling microcode fix have slow gathers too.
-template <int64_t W>
-void copy_scales(const uint8_t* const* cols, int64_t bytes, int64_t kb, uint16_t* hs) {
-  for (int64_t b = 0; b < kb; ++b)
-    for (int64_t c = 0; c < W; ++c) std::memcpy(hs + b * W + c, cols[c] + b * bytes, 2);
-}
+constexpr int64_t kRowChunk = 64;  // activation rows sharing one packed weight chunk
 
 // Same driver for both kernels: tiles of K::kCols columns in parallel (each output is written
 // by one thread, its blocks summed in order), rows in chunks, weights packed per block chunk.
@@ -66,8 +44,7 @@ void gemm_tiled(const Activations& a, const Weights& w, float* y) {
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t b0 = 0; b0 < a.nb; b0 += kBlockChunk) {
           const int64_t kb = std::min(kBlockChunk, a.nb - b0);
-          // Columns past n repeat the last one; their results are never stored.
-          for (int64_t c = 0; c < W; ++c) cols[c] = w.data + (c0 + std::min(c, valid - 1)) * w.row_bytes + b0 * bytes;
+          tile_columns<W>(w, c0, b0, cols);
           copy_scales<W>(cols, bytes, kb, hs.data());
           K::pack(cols, w.format, kb, hs.data(), pq.data(), pd.data());
           int64_t r = 0;
@@ -122,11 +99,7 @@ struct Vnni {
         }
       }
     }
-    for (int64_t b = 0; b < kb; ++b) {
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 16 * b)));
-      _mm512_storeu_pd(pd + 16 * b, _mm512_cvtps_pd(_mm512_castps512_ps256(d)));
-      _mm512_storeu_pd(pd + 16 * b + 8, _mm512_cvtps_pd(_mm512_extractf32x8_ps(d, 1)));
-    }
+    scales_to_double_16(hs, kb, pd);
   }
 
   // acc[i][0..15] += the next kb blocks of rows r0 .. r0 + R - 1 against the packed tile.
@@ -207,11 +180,7 @@ struct Avx2 {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(pq + 32 * (q8 ? 8 + g : 4 + g)), hi);
       }
     }
-    for (int64_t b = 0; b < kb; ++b) {
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hs + 8 * b)));
-      _mm256_storeu_pd(pd + 8 * b, _mm256_cvtps_pd(_mm256_castps256_ps128(d)));
-      _mm256_storeu_pd(pd + 8 * b + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(d, 1)));
-    }
+    scales_to_double_8(hs, kb, pd);
   }
 
   template <int R>
@@ -264,8 +233,12 @@ bool cpu_has_avx512_vnni() {
   return has;
 }
 
-void gemm_avx2(const Activations& a, const Weights& w, float* y) { gemm_tiled<Avx2>(a, w, y); }
-void gemm_vnni(const Activations& a, const Weights& w, float* y) { gemm_tiled<Vnni>(a, w, y); }
+void gemm_avx2(const Activations& a, const Weights& w, float* y) {
+  a.m <= kFewRows ? rows_avx2(a, w, y) : gemm_tiled<Avx2>(a, w, y);
+}
+void gemm_vnni(const Activations& a, const Weights& w, float* y) {
+  a.m <= kFewRows ? rows_vnni(a, w, y) : gemm_tiled<Vnni>(a, w, y);
+}
 
 }  // namespace opforge::matmul_q
 #endif

@@ -12,8 +12,9 @@ BYTES = {"q8_0": 34, "q4_0": 18}
 QUANTIZE = {"q8_0": opforge.quantize_q8_0, "q4_0": opforge.quantize_q4_0}
 # (rows m, k, columns n): one row and 32; k of 1, 3, 33 (one past a 32-block chunk) and 128
 # blocks; odd n leaving partial tiles of 16 (VNNI) and 8 (AVX2) columns; 70 rows cross a
-# 64-row chunk and leave rows past the 4-row kernel.
-SHAPES = [(1, 32, 1), (1, 4096, 33), (32, 4096, 17), (32, 96, 33), (7, 96, 17), (70, 64, 5), (3, 1056, 9)]
+# 64-row chunk and leave rows past the 4-row kernel; one and two rows take the unpacked kernels.
+SHAPES = [(1, 32, 1), (1, 4096, 33), (2, 1056, 17), (2, 64, 40), (32, 4096, 17), (32, 96, 33), (7, 96, 17),
+          (70, 64, 5), (3, 1056, 9)]
 
 
 def decode(q, fmt):
@@ -49,6 +50,21 @@ def weights(rng, n, k, fmt):
 def test_matches_integer_model(simd_target, rng, m, k, n, fmt):
     x = (rng.standard_normal((m, k)) * 10.0 ** rng.uniform(-2, 2, (m, 1))).astype(np.float32)
     w = weights(rng, n, k, fmt)
+    np.testing.assert_array_equal(opforge.matmul_q(x, w, fmt), integer_model(x, w, fmt))
+
+
+@pytest.mark.parametrize("fmt", BYTES)
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_any_weight_bytes(simd_target, rng, m, fmt):
+    """Weights from any tool, not only opforge's quantizer: every quant byte (Q8_0's -128, which
+    the quantizer never writes, and every nibble), finite fp16 scales of any size."""
+    n, k = 37, 320
+    w = rng.integers(0, 256, (n, k // 32, BYTES[fmt]), dtype=np.uint8)
+    w[..., :2] = (rng.standard_normal((n, k // 32)) * 2.0 ** rng.integers(-8, 8, (n, k // 32))).astype("<f2")[..., None].view(np.uint8)
+    w = w.reshape(n, -1)
+    if fmt == "q8_0":
+        w[0, 2:34] = 0x80  # a whole block of -128
+    x = rng.standard_normal((m, k)).astype(np.float32)
     np.testing.assert_array_equal(opforge.matmul_q(x, w, fmt), integer_model(x, w, fmt))
 
 

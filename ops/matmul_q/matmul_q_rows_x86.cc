@@ -1,0 +1,210 @@
+// matmul_q's x86 kernels for one or two activation rows (decoding a token): each weight byte
+// meets one or two rows, so repacking tiles as matmul_q_x86.cc does costs more than it saves.
+// Here a tile's columns are read where they lie. A column's block goes into a vector as it is
+// (Q8_0: its 32 quants; Q4_0: its 16 bytes, low nibbles beside high), the int8 dot product
+// instruction leaves 4-byte partial sums in 32-bit lanes, and a tree of unpacks and adds folds
+// each column's partials into a lane of its own: the exact int32 block sum that the packed
+// kernels and the scalar reference compute, scaled and summed in double in block order as they
+// do, so every path still gives the same bits.
+#include "ops/matmul_q/matmul_q.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include "opforge/parallel.h"
+#include "ops/matmul_q/matmul_q_x86.h"
+
+namespace opforge::matmul_q {
+
+namespace {
+
+using namespace x86;
+
+// Tiles of K::kCols columns in parallel, each tile's blocks in chunks: the chunk's scales
+// copied and turned into doubles first, then its blocks' products for the R rows.
+template <class K, int R>
+void rows_tiled(const Activations& a, const Weights& w, float* y) {
+  constexpr int64_t W = K::kCols;
+  const int64_t tiles = (w.n + W - 1) / W, bytes = quant::block_bytes(w.format);
+  parallel_for(tiles, 1, [&](int64_t t_begin, int64_t t_end) {
+    alignas(64) uint16_t hs[kBlockChunk * W];
+    alignas(64) double pd[kBlockChunk * W];
+    const uint8_t* cols[W];
+    for (int64_t t = t_begin; t < t_end; ++t) {
+      alignas(64) double acc[R * W] = {};
+      for (int64_t b0 = 0; b0 < a.nb; b0 += kBlockChunk) {
+        const int64_t kb = std::min(kBlockChunk, a.nb - b0);
+        tile_columns<W>(w, t * W, b0, cols);
+        copy_scales<W>(cols, bytes, kb, hs);
+        K::scales(hs, kb, pd);
+        K::template dot<R>(cols, w.format, kb, pd, a, b0, acc);
+      }
+      for (int r = 0; r < R; ++r)
+        for (int64_t c = t * W; c < std::min(w.n, (t + 1) * W); ++c)
+          y[r * w.n + c] = static_cast<float>(acc[r * W + c - t * W]);
+    }
+  });
+}
+
+HWY_PUSH_ATTRIBUTES("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+
+struct Vnni {
+  static constexpr int64_t kCols = 16;
+  static void scales(const uint16_t* hs, int64_t kb, double* pd) { scales_to_double_16(hs, kb, pd); }
+
+  // Register i holds the block of column p = (i & 3) + 8 * (i >> 2) and of column p + 4: the
+  // order in which fold() leaves the 16 columns' sums in lanes 0..15.
+  static int pair(int i) { return (i & 3) + 8 * (i >> 2); }
+
+  // s[i]'s 16 lanes of partial sums -> one lane per column. Q8_0 registers hold column p in their
+  // low 256 bits and p + 4 in their high ones; Q4_0's 128-bit lanes are [p low nibbles, p + 4
+  // low, p high, p + 4 high]: the last step adds lanes 0 + 1 and 2 + 3, or 0 + 2 and 1 + 3.
+  static __m512i fold(const __m512i* s, bool q8) {
+    __m512i u[4], v[2];
+    for (int j = 0; j < 4; ++j)
+      u[j] = _mm512_add_epi32(_mm512_unpacklo_epi32(s[2 * j], s[2 * j + 1]),
+                              _mm512_unpackhi_epi32(s[2 * j], s[2 * j + 1]));
+    for (int j = 0; j < 2; ++j)
+      v[j] = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2 * j], u[2 * j + 1]),
+                              _mm512_unpackhi_epi64(u[2 * j], u[2 * j + 1]));
+    if (q8)
+      return _mm512_add_epi32(_mm512_shuffle_i64x2(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_i64x2(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_epi32(_mm512_shuffle_i64x2(v[0], v[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_i64x2(v[0], v[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+
+  template <int R>
+  static void dot(const uint8_t* const* cols, quant::Format format, int64_t kb, const double* pd,
+                  const Activations& a, int64_t b0, double* acc) {
+    const bool q8 = format == quant::Format::q8_0;
+    const int64_t bytes = quant::block_bytes(format);
+    const int32_t offset = weight_offset(format);
+    const __m512i nibbles = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512d lo[R], hi[R];
+    for (int r = 0; r < R; ++r) {
+      lo[r] = _mm512_loadu_pd(acc + 16 * r);
+      hi[r] = _mm512_loadu_pd(acc + 16 * r + 8);
+    }
+    for (int64_t b = 0; b < kb; ++b) {
+      const int64_t at = b * bytes + 2;
+      __m512i v[8];
+      for (int i = 0; i < 8; ++i) {
+        const uint8_t *p = cols[pair(i)] + at, *p4 = cols[pair(i) + 4] + at;
+        if (q8) {
+          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+          const __m256i x4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p4));
+          v[i] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(x), x4, 1), flip);
+        } else {
+          const __m256i n = _mm256_inserti128_si256(
+              _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(p4)), 1);
+          v[i] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(n), _mm256_srli_epi16(n, 4), 1),
+                                  nibbles);
+        }
+      }
+      const __m512d d_lo = _mm512_loadu_pd(pd + 16 * b), d_hi = _mm512_loadu_pd(pd + 16 * b + 8);
+      for (int r = 0; r < R; ++r) {
+        const int64_t g = r * a.nb + b0 + b;
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + g * quant::kBlock));
+        // Q8_0: the block twice; Q4_0: quants 0-15 twice (the low nibbles'), then 16-31 twice.
+        const __m512i x = q8 ? _mm512_broadcast_i64x4(xq)
+                             : _mm512_shuffle_i64x2(_mm512_castsi256_si512(xq), _mm512_castsi256_si512(xq),
+                                                    _MM_SHUFFLE(1, 1, 0, 0));
+        __m512i s[8];
+        for (int i = 0; i < 8; ++i) s[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[i], x);
+        const __m512i sum = _mm512_sub_epi32(fold(s, q8), _mm512_set1_epi32(offset * a.sum[g]));
+        const __m512d dx = _mm512_set1_pd(static_cast<double>(a.d[g]));
+        lo[r] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(sum)), _mm512_mul_pd(d_lo, dx), lo[r]);
+        hi[r] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(sum, 1)), _mm512_mul_pd(d_hi, dx), hi[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm512_storeu_pd(acc + 16 * r, lo[r]);
+      _mm512_storeu_pd(acc + 16 * r + 8, hi[r]);
+    }
+  }
+};
+
+HWY_POP_ATTRIBUTES
+HWY_PUSH_ATTRIBUTES("avx2,fma,f16c")
+
+// pmaddubsw multiplies unsigned by signed bytes and adds pairs into int16 with saturation.
+// Q8_0 goes in as |w| (-128 included: 128 unsigned) times x carrying w's sign (x from opforge's
+// quantizer, |x| <= 127): pairs up to 2 * 128 * 127, no saturation. Q4_0's nibbles (<= 15)
+// times x stay far from it too; the offset 8 * sum(x) comes off afterwards.
+struct Avx2 {
+  static constexpr int64_t kCols = 8;
+  static void scales(const uint16_t* hs, int64_t kb, double* pd) { scales_to_double_8(hs, kb, pd); }
+
+  // Eight registers of 8 lanes, one column each -> lane c = column c's sum.
+  static __m256i fold(const __m256i* s) {
+    __m256i u[4], v[2];
+    for (int j = 0; j < 4; ++j)
+      u[j] = _mm256_add_epi32(_mm256_unpacklo_epi32(s[2 * j], s[2 * j + 1]),
+                              _mm256_unpackhi_epi32(s[2 * j], s[2 * j + 1]));
+    for (int j = 0; j < 2; ++j)
+      v[j] = _mm256_add_epi32(_mm256_unpacklo_epi64(u[2 * j], u[2 * j + 1]),
+                              _mm256_unpackhi_epi64(u[2 * j], u[2 * j + 1]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(v[0], v[1], 0x20), _mm256_permute2x128_si256(v[0], v[1], 0x31));
+  }
+
+  template <int R>
+  static void dot(const uint8_t* const* cols, quant::Format format, int64_t kb, const double* pd,
+                  const Activations& a, int64_t b0, double* acc) {
+    const bool q8 = format == quant::Format::q8_0;
+    const int64_t bytes = quant::block_bytes(format);
+    const __m256i nibbles = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256d lo[R], hi[R];
+    for (int r = 0; r < R; ++r) {
+      lo[r] = _mm256_loadu_pd(acc + 8 * r);
+      hi[r] = _mm256_loadu_pd(acc + 8 * r + 4);
+    }
+    for (int64_t b = 0; b < kb; ++b) {
+      __m256i v[8];
+      for (int c = 0; c < 8; ++c) {
+        const uint8_t* p = cols[c] + b * bytes + 2;
+        if (q8) {
+          v[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        } else {
+          const __m128i n = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+          v[c] = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(n), _mm_srli_epi16(n, 4), 1), nibbles);
+        }
+      }
+      const __m256d d_lo = _mm256_loadu_pd(pd + 8 * b), d_hi = _mm256_loadu_pd(pd + 8 * b + 4);
+      for (int r = 0; r < R; ++r) {
+        const int64_t g = r * a.nb + b0 + b;
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + g * quant::kBlock));
+        __m256i s[8];
+        for (int c = 0; c < 8; ++c) {
+          const __m256i pairs = q8 ? _mm256_maddubs_epi16(_mm256_abs_epi8(v[c]), _mm256_sign_epi8(x, v[c]))
+                                   : _mm256_maddubs_epi16(v[c], x);
+          s[c] = _mm256_madd_epi16(pairs, ones);
+        }
+        __m256i sum = fold(s);
+        if (!q8) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(8 * a.sum[g]));
+        const __m256d dx = _mm256_set1_pd(static_cast<double>(a.d[g]));
+        lo[r] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(sum)), _mm256_mul_pd(d_lo, dx), lo[r]);
+        hi[r] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(sum, 1)), _mm256_mul_pd(d_hi, dx), hi[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm256_storeu_pd(acc + 8 * r, lo[r]);
+      _mm256_storeu_pd(acc + 8 * r + 4, hi[r]);
+    }
+  }
+};
+
+HWY_POP_ATTRIBUTES
+
+// a.m is 1 or 2 (kFewRows): three rows would read the weights twice and are faster packed.
+template <class K>
+void rows(const Activations& a, const Weights& w, float* y) {
+  a.m == 1 ? rows_tiled<K, 1>(a, w, y) : rows_tiled<K, 2>(a, w, y);
+}
+
+}  // namespace
+
+void rows_avx2(const Activations& a, const Weights& w, float* y) { rows<Avx2>(a, w, y); }
+void rows_vnni(const Activations& a, const Weights& w, float* y) { rows<Vnni>(a, w, y); }
+
+}  // namespace opforge::matmul_q
+#endif

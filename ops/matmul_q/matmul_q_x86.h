@@ -1,0 +1,73 @@
+// Shared by matmul_q's x86 kernels: matmul_q_x86.cc (weight tiles packed once, shared by many
+// activation rows) and matmul_q_rows_x86.cc (one or two rows, weights read where they lie).
+// Included only on x86.
+#pragma once
+
+#include <hwy/base.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "ops/matmul_q/matmul_q.h"
+
+namespace opforge::matmul_q::x86 {
+
+constexpr int64_t kBlockChunk = 32;  // blocks per chunk: a tile's scales and packed quants in L1
+
+// The weights' quants are made unsigned for the u8 x s8 instructions (Q8_0: q ^ 0x80 = q + 128;
+// Q4_0: the raw nibble q = value + 8); offset * sum(x quants) is subtracted afterwards.
+inline int32_t weight_offset(quant::Format f) { return f == quant::Format::q8_0 ? 128 : 8; }
+
+inline int32_t load_group(const int8_t* x) {
+  int32_t v;
+  std::memcpy(&v, x, 4);
+  return v;
+}
+
+// cols[c]: column c0 + c's weight row at block b0. Columns past n repeat the last one; their
+// results are never stored.
+template <int64_t W>
+void tile_columns(const Weights& w, int64_t c0, int64_t b0, const uint8_t** cols) {
+  const int64_t valid = std::min(W, w.n - c0);
+  for (int64_t c = 0; c < W; ++c)
+    cols[c] = w.data + (c0 + std::min(c, valid - 1)) * w.row_bytes + b0 * quant::block_bytes(w.format);
+}
+
+// The fp16 scales of a chunk's blocks in a tile's columns, hs[b * W + c]: scalar copies, turned
+// into doubles once the chunk's are all in (reading them back at once would stall on store
+// forwarding). Gathers instead made one-row products 2.8x slower on this project's AMD EPYC
+// (Zen 4), where gathers are slow; Intel parts with the Gather Data Sampling fix have slow ones too.
+template <int64_t W>
+void copy_scales(const uint8_t* const* cols, int64_t bytes, int64_t kb, uint16_t* hs) {
+  for (int64_t b = 0; b < kb; ++b)
+    for (int64_t c = 0; c < W; ++c) std::memcpy(hs + b * W + c, cols[c] + b * bytes, 2);
+}
+
+HWY_PUSH_ATTRIBUTES("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+
+// pd[b * 16 + c] = double(fp16 hs[b * 16 + c]) for kb blocks of 16 columns.
+inline void scales_to_double_16(const uint16_t* hs, int64_t kb, double* pd) {
+  for (int64_t b = 0; b < kb; ++b) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 16 * b)));
+    _mm512_storeu_pd(pd + 16 * b, _mm512_cvtps_pd(_mm512_castps512_ps256(d)));
+    _mm512_storeu_pd(pd + 16 * b + 8, _mm512_cvtps_pd(_mm512_extractf32x8_ps(d, 1)));
+  }
+}
+
+HWY_POP_ATTRIBUTES
+HWY_PUSH_ATTRIBUTES("avx2,fma,f16c")
+
+// The same for tiles of 8 columns.
+inline void scales_to_double_8(const uint16_t* hs, int64_t kb, double* pd) {
+  for (int64_t b = 0; b < kb; ++b) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hs + 8 * b)));
+    _mm256_storeu_pd(pd + 8 * b, _mm256_cvtps_pd(_mm256_castps256_ps128(d)));
+    _mm256_storeu_pd(pd + 8 * b + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(d, 1)));
+  }
+}
+
+HWY_POP_ATTRIBUTES
+
+}  // namespace opforge::matmul_q::x86
