@@ -1,70 +1,95 @@
-"""matmul_q against torch's float32 matmul on the same weights dequantized.
+"""matmul_q against ggml's own CPU product and torch's float32 matmul on the weights dequantized.
 
-    python bench/bench_matmul_q.py [--repeats 20] [--targets AVX3,AVX2]
+    python bench/bench_matmul_q.py [--rows 1,2,32] [--targets AVX3,AVX2] [--rounds 3]
 
-A 4096 x 4096 weight in Q4_0 and Q8_0 against 1 and 32 activation rows: median time of each,
-GFLOP/s (2 m n k flops), weight GB/s (bytes of the weight as each side reads it) and the ratio
-torch time / opforge time (> 1: opforge faster). One line per pinned SIMD target (AVX3 runs
-the VNNI kernel, AVX2 pmaddubsw, SSE4 and SCALAR the portable loop). Writes
-bench/results/matmul_q_cpu.csv and .png.
+A 4096 x 4096 weight in Q4_0 and Q8_0 against 1, 2 (decoding) and 32 activation rows (a
+prompt): median time of each, GFLOP/s (2 m n k flops), weight GB/s (bytes of the weight as each
+side reads it) and the ratios their time / opforge's (> 1: opforge faster). opforge runs once
+per pinned SIMD target (AVX3: the VNNI kernels, AVX2: pmaddubsw). ggml is the library
+opforge.ggml_cpu finds (pywhispercpp's wheel: ggml 0.13 built for AVX2, so the AVX2 lines
+compare like with like; OPFORGE_GGML_LIB_DIR=<dir> to time a build of your own) on the same
+number of threads, its graph built once as llama.cpp does. Every implementation is timed
+`--rounds` times, interleaved; medians over rounds. Writes bench/results/matmul_q_cpu.csv
+and .png.
 """
 
 import argparse
+import statistics
 
 import numpy as np
 import torch
 
 import common
 import opforge
+from opforge import ggml_cpu
 
 QUANTIZE = {"q4_0": opforge.quantize_q4_0, "q8_0": opforge.quantize_q8_0}
-
-
-def median_seconds(fn, repeats):
-    return common.median_seconds(fn, repeats=repeats, warmup=1)
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", default="1,2,32")
     parser.add_argument("--targets", default="AVX3,AVX2")
     parser.add_argument("--n", type=int, default=4096)
     parser.add_argument("--k", type=int, default=4096)
     args = parser.parse_args()
-    torch.set_num_threads(opforge.num_threads())
+    threads = opforge.num_threads()
+    torch.set_num_threads(threads)
+    targets = [t for t in args.targets.split(",") if t in opforge.simd_targets()]
+    ggml = ggml_cpu.load()
     rng = np.random.default_rng(0)
     n, k = args.n, args.k
-    print(f"opforge {opforge.__version__}, {opforge.num_threads()} threads (torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads); weight {n} x {k}")
-    print(f"{'format':<6} {'rows':>4} {'target':<7} {'opforge ms':>10} {'GFLOP/s':>8} {'GB/s':>6} "
-          f"{'torch ms':>9} {'GFLOP/s':>8} {'GB/s':>6} {'ratio':>6}")
-    rows = []
+    print(f"{common.machine()}; opforge {opforge.__version__} ({opforge.simd_target()}), torch {torch.__version__}, "
+          f"{threads} threads each; weight {n} x {k}")
+    print(f"ggml: {ggml.path} ({', '.join(ggml.features) or 'no AVX2'})" if ggml else "ggml: not found (pip install pywhispercpp)")
+    cases = []  # (format, rows, weight bytes, {name: callable})
     for fmt, quantize in QUANTIZE.items():
         w = quantize(rng.standard_normal((n, k)).astype(np.float32))
         w_torch = torch.from_numpy(opforge.dequantize(w, fmt))
-        for m in (1, 32):
+        for m in map(int, args.rows.split(",")):
             x = rng.standard_normal((m, k)).astype(np.float32)
             x_torch = torch.from_numpy(x)
-            flops = 2.0 * m * n * k
-            theirs = median_seconds(lambda: torch.nn.functional.linear(x_torch, w_torch), args.repeats)
-            for target in args.targets.split(","):
-                if target not in opforge.simd_targets():
-                    continue
-                opforge.set_simd_target(target)
-                ours = median_seconds(lambda: opforge.matmul_q(x, w, fmt), args.repeats)
-                opforge.set_simd_target("")
-                print(f"{fmt:<6} {m:>4} {target:<7} {ours * 1e3:>10.3f} {flops / ours / 1e9:>8.1f} "
-                      f"{w.nbytes / ours / 1e9:>6.1f} {theirs * 1e3:>9.3f} {flops / theirs / 1e9:>8.1f} "
-                      f"{w_torch.numel() * 4 / theirs / 1e9:>6.1f} {theirs / ours:>5.2f}x")
-                rows.append({"format": fmt, "rows": m, "target": target, "opforge_ms": ours * 1e3,
-                             "opforge_GFLOP_per_s": flops / ours / 1e9, "opforge_weight_GB_per_s": w.nbytes / ours / 1e9,
-                             "torch_f32_ms": theirs * 1e3, "torch_GFLOP_per_s": flops / theirs / 1e9,
-                             "torch_weight_GB_per_s": w_torch.numel() * 4 / theirs / 1e9, "speedup": theirs / ours})
+            impls = {f"opforge {t}": lambda x=x, w=w, fmt=fmt: opforge.matmul_q(x, w, fmt) for t in targets}
+            impls["torch float32"] = lambda x=x_torch, w=w_torch: torch.nn.functional.linear(x, w)
+            if ggml:
+                mm = ggml.matmul(w, fmt, k, m, threads)
+                mm(x)
+                impls["ggml"] = mm
+            cases.append((fmt, m, w.nbytes, impls))
+    times = {}
+    for _ in range(args.rounds):
+        for fmt, m, _, impls in cases:
+            for name, fn in impls.items():
+                # "opforge AVX2": the SIMD target pinned for the whole timing (AVX3 -> VNNI kernels).
+                opforge.set_simd_target(name.split()[1] if name.startswith("opforge") else "")
+                times.setdefault((fmt, m, name), []).append(common.median_seconds(fn, repeats=args.repeats))
+            opforge.set_simd_target("")
+    rows = report(cases, times, n, k)
     print(f"\nwrote {common.write_csv('matmul_q_cpu', rows)}")
-    groups = [f"{r['format']} m={r['rows']} {r['target']}" for r in rows]
-    series = {"opforge matmul_q": [r["opforge_GFLOP_per_s"] for r in rows],
-              "torch float32 (dequantized)": [r["torch_GFLOP_per_s"] for r in rows]}
-    print(f"wrote {common.bar_plot('matmul_q_cpu', f'matmul_q vs torch float32, {n}x{k} weight', groups, series, 'GFLOP/s')}")
+    groups = list(dict.fromkeys(f"{r['format']} m={r['rows']}" for r in rows))
+    series = {name: [next(r["GFLOP_per_s"] for r in rows if f"{r['format']} m={r['rows']}" == g and r["impl"] == name)
+                     for g in groups] for name in dict.fromkeys(r["impl"] for r in rows)}
+    print(f"wrote {common.bar_plot('matmul_q_cpu', f'matmul_q vs ggml and torch float32, {n}x{k} weight', groups, series, 'GFLOP/s')}")
+
+
+def report(cases, times, n, k):
+    print(f"\n{'format':<6} {'rows':>4} {'impl':<14} {'ms':>8} {'GFLOP/s':>8} {'weight GB/s':>11} "
+          f"{'vs opforge AVX3':>15} {'vs opforge AVX2':>15}")
+    rows = []
+    for fmt, m, weight_bytes, impls in cases:
+        med = {name: statistics.median(times[(fmt, m, name)]) for name in impls}
+        for name, t in med.items():
+            # torch reads the weight as float32; the others read the quantized blocks.
+            read = n * k * 4 if name.startswith("torch") else weight_bytes
+            vs = {tgt: med[f"opforge {tgt}"] for tgt in ("AVX3", "AVX2") if f"opforge {tgt}" in med}
+            ratios = {f"vs_opforge_{tgt}": t / ours for tgt, ours in vs.items()}
+            print(f"{fmt:<6} {m:>4} {name:<14} {t * 1e3:>8.3f} {2 * m * n * k / t / 1e9:>8.1f} {read / t / 1e9:>11.1f} "
+                  + " ".join(f"{r:>14.2f}x" for r in ratios.values()))
+            rows.append({"format": fmt, "rows": m, "impl": name, "ms": t * 1e3, "GFLOP_per_s": 2 * m * n * k / t / 1e9,
+                         "weight_GB_per_s": read / t / 1e9, **ratios})
+    return rows
 
 
 if __name__ == "__main__":

@@ -23,6 +23,13 @@ python3 -m pip install -q --disable-pip-version-check \
   "torch==2.13.0" "jax==0.10.2" "jaxlib==0.10.2" "numpy>=1.24" "pytest>=8" \
   "nanobind>=2.2" "scikit-build-core>=0.10" "cmake>=3.28" ninja matplotlib flatbuffers
 
+# ggml's own CPU library: the reference of the ggml-format ops' tests (tests/python/test_ggml.py)
+# and the competitor in bench/bench_matmul_q.py, through opforge.ggml_cpu. The pywhispercpp wheel
+# ships it; only its libraries are used, hence no dependencies. Where no wheel fits (another
+# Python or CPU), those tests skip.
+python3 -m pip install -q --disable-pip-version-check --no-deps --only-binary=:all: "pywhispercpp==1.5.1" ||
+  echo "no pywhispercpp wheel here: the comparisons with ggml will skip" >&2
+
 # With a CUDA toolkit that lacks cuBLAS (as the development machines' does): NVIDIA's cuBLAS
 # wheel for cublasLt.h, which linear_act's CUDA forward compiles against (the library is loaded
 # at run time; torch's and JAX's CUDA builds bring their own copy).

@@ -116,7 +116,7 @@ def info() -> dict:
 
 
 # opforge's submodules, imported or not: no op may take their names (nor any attribute's).
-_SUBMODULES = {"cli", "forge", "jax", "plugins", "references", "scaffold", "testing", "torch", "tour"}
+_SUBMODULES = {"cli", "forge", "ggml_cpu", "jax", "plugins", "references", "scaffold", "testing", "torch", "tour"}
 
 
 def _add_functions(names: list[str], error: type[Exception] = ImportError) -> None:
