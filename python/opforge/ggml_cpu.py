@@ -100,6 +100,7 @@ class Ggml:
         """ggml_quantize_chunk of float32 rows [..., k] (k a multiple of 32): uint8 [..., k/32*B]."""
         x = np.ascontiguousarray(x, np.float32)
         k = x.shape[-1]
+        _check_k("quantize", k, format)
         rows = x.size // k if k else 0
         out = np.empty(x.shape[:-1] + (k // QK * BLOCK_BYTES[format],), np.uint8)
         if x.size:
@@ -110,6 +111,8 @@ class Ggml:
     def dequantize(self, q, format: str, k: int) -> np.ndarray:
         """The type's to_float over uint8 blocks [..., k/32*B]: float32 [..., k]."""
         q = np.ascontiguousarray(q, np.uint8)
+        _check_k("dequantize", k, format)
+        _check_shape("dequantize", "q", q.shape[-1:], (k // QK * BLOCK_BYTES[format],))
         out = np.empty(q.shape[:-1] + (k,), np.float32)
         to_float = _TO_FLOAT(self.base.ggml_get_type_traits(TYPES[format]).contents.to_float)
         if out.size:
@@ -127,7 +130,10 @@ class Matmul:
     llama.cpp reuses its graphs); ggml quantizes x to Q8_0 inside, as opforge's matmul_q does."""
 
     def __init__(self, g: Ggml, w, format: str, k: int, rows: int, threads: int):
+        self.ctx = None
         w = np.ascontiguousarray(w, np.uint8)
+        _check_k("matmul", k, format)
+        _check_shape("matmul", "w", w.shape[1:], (k // QK * BLOCK_BYTES[format],))
         n = w.shape[0]
         self.g, self.rows, self.k, self.n = g, rows, k, n
         b = g.base
@@ -151,6 +157,7 @@ class Matmul:
         """Copies x in (None: keep the last one) and runs the graph; returns ggml's result array,
         overwritten by the next call."""
         if x is not None:
+            _check_shape("matmul", "x", np.shape(x), (self.rows, self.k))
             self.x_view[...] = x
         status = self.g.base.ggml_backend_graph_compute(self.backend, self.graph)
         if status != 0:
@@ -170,6 +177,19 @@ class Matmul:
         self.close()
 
     __del__ = close
+
+
+# ggml asserts (aborting the process) where these fail: checked here first.
+def _check_k(what: str, k: int, format: str) -> None:
+    if format not in BLOCK_BYTES:
+        raise ValueError(f"ggml_cpu.{what}: format must be one of {sorted(BLOCK_BYTES)}, got {format!r}")
+    if k % QK:
+        raise ValueError(f"ggml_cpu.{what}: k must be a multiple of {QK}, got {k}")
+
+
+def _check_shape(what: str, name: str, got, want) -> None:
+    if tuple(got) != tuple(want):
+        raise ValueError(f"ggml_cpu.{what}: {name!r} must have shape {list(want)}, got {list(got)}")
 
 
 def _view(address: int, shape: tuple[int, int]) -> np.ndarray:

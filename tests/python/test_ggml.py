@@ -84,3 +84,15 @@ def test_off_grid_activations_differ_at_most_by_their_quantization(rng):
     step = np.abs(x).reshape(4, -1, 32).max(-1) / 127  # one quant of each block of x
     bound = step @ np.abs(opforge.dequantize(w, "q8_0")).reshape(n, -1, 32).max(-1).T
     assert (np.abs(got - want) <= bound + 1e-5 * np.abs(want)).all()
+
+
+def test_bad_arguments_raise_before_ggml_can_abort(rng):
+    with pytest.raises(ValueError, match=r"ggml_cpu.quantize: k must be a multiple of 32, got 33"):
+        GGML.quantize(np.ones((2, 33), np.float32), "q8_0")
+    with pytest.raises(ValueError, match=r"ggml_cpu.dequantize: 'q' must have shape \[34\], got \[18\]"):
+        GGML.dequantize(np.zeros((1, 18), np.uint8), "q8_0", 32)
+    with pytest.raises(ValueError, match=r"format must be one of \['q4_0', 'q8_0'\], got 'q5_0'"):
+        GGML.matmul(np.zeros((1, 18), np.uint8), "q5_0", 32, 1)
+    with GGML.matmul(np.zeros((3, 18), np.uint8), "q4_0", 32, 2) as mm:
+        with pytest.raises(ValueError, match=r"ggml_cpu.matmul: 'x' must have shape \[2, 32\], got \[1, 32\]"):
+            mm(np.ones((1, 32), np.float32))
