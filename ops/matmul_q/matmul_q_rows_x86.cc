@@ -111,10 +111,8 @@ struct Vnni {
                                                     _MM_SHUFFLE(1, 1, 0, 0));
         __m512i s[8];
         for (int i = 0; i < 8; ++i) s[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[i], x);
-        const __m512i sum = _mm512_sub_epi32(fold(s, q8), _mm512_set1_epi32(offset * a.sum[g]));
-        const __m512d dx = _mm512_set1_pd(static_cast<double>(a.d[g]));
-        lo[r] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(sum)), _mm512_mul_pd(d_lo, dx), lo[r]);
-        hi[r] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(sum, 1)), _mm512_mul_pd(d_hi, dx), hi[r]);
+        add_block_16(_mm512_sub_epi32(fold(s, q8), _mm512_set1_epi32(offset * a.sum[g])), d_lo, d_hi, a.d[g], lo[r],
+                     hi[r]);
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -181,9 +179,7 @@ struct Avx2 {
         }
         __m256i sum = fold(s);
         if (!q8) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(8 * a.sum[g]));
-        const __m256d dx = _mm256_set1_pd(static_cast<double>(a.d[g]));
-        lo[r] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(sum)), _mm256_mul_pd(d_lo, dx), lo[r]);
-        hi[r] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(sum, 1)), _mm256_mul_pd(d_hi, dx), hi[r]);
+        add_block_8(sum, d_lo, d_hi, a.d[g], lo[r], hi[r]);
       }
     }
     for (int r = 0; r < R; ++r) {

@@ -124,10 +124,7 @@ struct Vnni {
           s0 = _mm512_dpbusd_epi32(s0, wq[j], _mm512_set1_epi32(load_group(x + 4 * j)));
           s1 = _mm512_dpbusd_epi32(s1, wq[j + 1], _mm512_set1_epi32(load_group(x + 4 * j + 4)));
         }
-        const __m512i s = _mm512_add_epi32(s0, s1);
-        const __m512d dx = _mm512_set1_pd(static_cast<double>(a.d[g]));
-        lo[i] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(s)), _mm512_mul_pd(d_lo, dx), lo[i]);
-        hi[i] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(s, 1)), _mm512_mul_pd(d_hi, dx), hi[i]);
+        add_block_16(_mm512_add_epi32(s0, s1), d_lo, d_hi, a.d[g], lo[i], hi[i]);
       }
     }
     for (int i = 0; i < R; ++i) {
@@ -210,10 +207,7 @@ struct Avx2 {
         }
         __m256i s = _mm256_madd_epi16(s16, ones);
         if (q8) s = _mm256_add_epi32(s, _mm256_madd_epi16(h16, sixteen));
-        s = _mm256_sub_epi32(s, _mm256_set1_epi32(offset * a.sum[g]));
-        const __m256d dx = _mm256_set1_pd(static_cast<double>(a.d[g]));
-        lo[i] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(s)), _mm256_mul_pd(d_lo, dx), lo[i]);
-        hi[i] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(s, 1)), _mm256_mul_pd(d_hi, dx), hi[i]);
+        add_block_8(_mm256_sub_epi32(s, _mm256_set1_epi32(offset * a.sum[g])), d_lo, d_hi, a.d[g], lo[i], hi[i]);
       }
     }
     for (int i = 0; i < R; ++i) {

@@ -56,6 +56,15 @@ inline void scales_to_double_16(const uint16_t* hs, int64_t kb, double* pd) {
   }
 }
 
+// One block of 16 columns into their double sums (lo: columns 0-7, hi: 8-15): the exact int32
+// block sums times the weights' scales (d_lo, d_hi: as doubles) times the activation's dx,
+// added in block order; both products are exact in double.
+inline void add_block_16(__m512i sum, __m512d d_lo, __m512d d_hi, float dx, __m512d& lo, __m512d& hi) {
+  const __m512d x = _mm512_set1_pd(static_cast<double>(dx));
+  lo = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(sum)), _mm512_mul_pd(d_lo, x), lo);
+  hi = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(sum, 1)), _mm512_mul_pd(d_hi, x), hi);
+}
+
 HWY_POP_ATTRIBUTES
 HWY_PUSH_ATTRIBUTES("avx2,fma,f16c")
 
@@ -66,6 +75,13 @@ inline void scales_to_double_8(const uint16_t* hs, int64_t kb, double* pd) {
     _mm256_storeu_pd(pd + 8 * b, _mm256_cvtps_pd(_mm256_castps256_ps128(d)));
     _mm256_storeu_pd(pd + 8 * b + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(d, 1)));
   }
+}
+
+// The same for 8 columns (lo: 0-3, hi: 4-7).
+inline void add_block_8(__m256i sum, __m256d d_lo, __m256d d_hi, float dx, __m256d& lo, __m256d& hi) {
+  const __m256d x = _mm256_set1_pd(static_cast<double>(dx));
+  lo = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(sum)), _mm256_mul_pd(d_lo, x), lo);
+  hi = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(sum, 1)), _mm256_mul_pd(d_hi, x), hi);
 }
 
 HWY_POP_ATTRIBUTES

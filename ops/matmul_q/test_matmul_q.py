@@ -54,7 +54,7 @@ def test_matches_integer_model(simd_target, rng, m, k, n, fmt):
 
 
 @pytest.mark.parametrize("fmt", BYTES)
-@pytest.mark.parametrize("m", [1, 2, 5])
+@pytest.mark.parametrize("m", [1, 2, 5, 16])
 def test_any_weight_bytes(simd_target, rng, m, fmt):
     """Weights from any tool, not only opforge's quantizer: every quant byte (Q8_0's -128, which
     the quantizer never writes, and every nibble), finite fp16 scales of any size."""
