@@ -4,7 +4,8 @@
 
 A 4096 x 4096 weight in Q4_0 and Q8_0 against 1, 2 (decoding) and 32 activation rows (a
 prompt): median time of each, GFLOP/s (2 m n k flops), weight GB/s (bytes of the weight as each
-side reads it) and the ratios their time / opforge's (> 1: opforge faster). opforge runs once
+side reads it) and the ratios their time / opforge's (> 1: opforge faster). Then the quantizers
+and dequantize on the same matrix against ggml's (bench/results/quantizers_vs_ggml_cpu.csv). opforge runs once
 per pinned SIMD target (AVX3: the VNNI kernels, AVX2: pmaddubsw). ggml is the library
 opforge.ggml_cpu finds (pywhispercpp's wheel: ggml 0.13 built for AVX2, so the AVX2 lines
 compare like with like; OPFORGE_GGML_LIB_DIR=<dir> to time a build of your own) on the same
@@ -68,10 +69,48 @@ def main():
             opforge.set_simd_target("")
     rows = report(cases, times, n, k)
     print(f"\nwrote {common.write_csv('matmul_q_cpu', rows)}")
+    if ggml:
+        quantizer_rows = bench_quantizers(ggml, rng, n, k, args)
+        print(f"wrote {common.write_csv('quantizers_vs_ggml_cpu', quantizer_rows)}")
     groups = list(dict.fromkeys(f"{r['format']} m={r['rows']}" for r in rows))
     series = {name: [next(r["GFLOP_per_s"] for r in rows if f"{r['format']} m={r['rows']}" == g and r["impl"] == name)
                      for g in groups] for name in dict.fromkeys(r["impl"] for r in rows)}
     print(f"wrote {common.bar_plot('matmul_q_cpu', f'matmul_q vs ggml and torch float32, {n}x{k} weight', groups, series, 'GFLOP/s')}")
+
+
+def bench_quantizers(ggml, rng, n, k, args):
+    """quantize_q8_0, quantize_q4_0 and dequantize of an n x k float32 matrix: opforge on all its
+    threads and on one, ggml's ggml_quantize_chunk and to_float (one thread: llama.cpp's quantize
+    tool splits rows across threads itself). GB/s of float32 read or written."""
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    threads = opforge.num_threads()
+    cases = {}
+    for fmt, quantize in QUANTIZE.items():
+        q = quantize(x)
+        cases[f"quantize_{fmt}"] = {"opforge": lambda f=quantize: f(x), "ggml": lambda fmt=fmt: ggml.quantize(x, fmt)}
+        cases[f"dequantize {fmt}"] = {"opforge": lambda q=q, fmt=fmt: opforge.dequantize(q, fmt),
+                                      "ggml": lambda q=q, fmt=fmt: ggml.dequantize(q, fmt, k)}
+    times = {}
+    for _ in range(args.rounds):
+        for op, impls in cases.items():
+            for name, fn in impls.items():
+                for t in ([threads, 1] if name == "opforge" else [1]):
+                    opforge.set_num_threads(t)
+                    times.setdefault((op, name, t), []).append(common.median_seconds(fn, repeats=args.repeats))
+                opforge.set_num_threads(threads)
+    print(f"\n{'op':<18} {'impl':<8} {'threads':>7} {'ms':>8} {'GB/s':>7} {'ggml / opforge':>15}")
+    rows = []
+    for op in cases:
+        theirs = statistics.median(times[(op, "ggml", 1)])
+        for (o, name, t), ts in times.items():
+            if o != op:
+                continue
+            med = statistics.median(ts)
+            ratio = "" if name == "ggml" else f"{theirs / med:.2f}x"
+            print(f"{op:<18} {name:<8} {t:>7} {med * 1e3:>8.2f} {x.nbytes / med / 1e9:>7.1f} {ratio:>15}")
+            rows.append({"op": op, "impl": name, "threads": t, "ms": med * 1e3, "float32_GB_per_s": x.nbytes / med / 1e9,
+                         "ggml_over_opforge": theirs / med if name != "ggml" else 1.0})
+    return rows
 
 
 def report(cases, times, n, k):
