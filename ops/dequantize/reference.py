@@ -46,3 +46,10 @@ def jax(q, format):
     import numpy as np
 
     return jnp.asarray(numpy(np.asarray(q), format))
+
+
+def ggml(q, format):
+    """ggml's own library (opforge.ggml_cpu): the format's to_float."""
+    from opforge import ggml_cpu
+
+    return ggml_cpu.load().dequantize(q, format, q.shape[-1] // BYTES[format] * 32)

@@ -52,3 +52,11 @@ def jax(x):
     import numpy as np
 
     return jnp.asarray(numpy(np.asarray(x.astype(jnp.float32))))
+
+
+def ggml(x):
+    """ggml's own library (opforge.ggml_cpu): its ggml_quantize_chunk. The tour's ggml rows time
+    opforge against it."""
+    from opforge import ggml_cpu
+
+    return ggml_cpu.load().quantize(x, "q4_0")

@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     info = sub.add_parser("info", help="version, SIMD targets, AMX, backends, threads")
     info.add_argument("--json", action="store_true", help="print as JSON")
     tour = sub.add_parser("tour", help="run every op in every installed framework against its reference")
-    tour.add_argument("--frameworks", default="numpy,torch,jax", help="comma-separated subset to try")
+    tour.add_argument("--frameworks", default="numpy,torch,jax,ggml",
+                      help="comma-separated subset to try (ggml: the ggml-format ops against ggml's library)")
     tour.add_argument("--rows", type=int, default=512)
     tour.add_argument("--cols", type=int, default=1024)
     tour.add_argument("--repeats", type=int, default=30, help="timed calls per measurement (median)")

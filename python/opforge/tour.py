@@ -3,7 +3,8 @@
 For each op and framework it runs opforge on that framework's arrays, checks the result
 against the op's reference written in the same framework (ops/<name>/reference.py), and times
 both (median of repeated calls, after a warm-up). The ratio is reference time / opforge time:
-above 1 means opforge is faster.
+above 1 means opforge is faster. The ggml-format ops have no framework counterpart; where
+ggml's own library is found (opforge.ggml_cpu) they are also run against it ("ggml" rows).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ def _framework(name: str):
     framework's own adapter where it is built); the generic DLPack call otherwise."""
     if name == "numpy":
         return (lambda a: a, np.asarray, lambda r: r, lambda f: f, "opforge")
+    if name == "ggml":  # ggml's own library on NumPy arrays, where one is found (opforge.ggml_cpu)
+        from opforge import ggml_cpu
+
+        return (lambda a: a, np.asarray, lambda r: r, lambda f: f, "opforge") if ggml_cpu.load() else None
     if importlib.util.find_spec(name) is None:
         return None
     if name == "torch":
@@ -88,7 +93,7 @@ def _rows(frameworks, rows, cols, repeats):
             # A reference that is NumPy in disguise (ggml's formats: no framework has them) is
             # only a correctness check: it cannot be traced by jit, and timing it would compare
             # opforge with a NumPy transcription, not with the framework.
-            framework_native = getattr(ref, "FRAMEWORK_NATIVE", True)
+            framework_native = fw == "ggml" or getattr(ref, "FRAMEWORK_NATIVE", True)
             reference = lambda *a, _f=getattr(ref, fw): _f(*a, **attrs)  # noqa: E731
             native = jit(reference) if framework_native else reference
             got = to_numpy(sync(ours_call(*args))).astype(np.float64)
