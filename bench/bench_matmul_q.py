@@ -55,7 +55,7 @@ def main():
             impls = {f"opforge {t}": lambda x=x, w=w, fmt=fmt: opforge.matmul_q(x, w, fmt) for t in targets}
             impls["torch float32"] = lambda x=x_torch, w=w_torch: torch.nn.functional.linear(x, w)
             if ggml:
-                mm = ggml.matmul(w, fmt, k, m, threads)
+                mm = ggml.matmul(w, fmt, m, threads)
                 mm(x)
                 impls["ggml"] = mm
             cases.append((fmt, m, w.nbytes, impls))
@@ -89,7 +89,7 @@ def bench_quantizers(ggml, rng, n, k, args):
         q = quantize(x)
         cases[f"quantize_{fmt}"] = {"opforge": lambda f=quantize: f(x), "ggml": lambda fmt=fmt: ggml.quantize(x, fmt)}
         cases[f"dequantize {fmt}"] = {"opforge": lambda q=q, fmt=fmt: opforge.dequantize(q, fmt),
-                                      "ggml": lambda q=q, fmt=fmt: ggml.dequantize(q, fmt, k)}
+                                      "ggml": lambda q=q, fmt=fmt: ggml.dequantize(q, fmt)}
     times = {}
     for _ in range(args.rounds):
         for op, impls in cases.items():

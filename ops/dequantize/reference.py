@@ -52,4 +52,4 @@ def ggml(q, format):
     """ggml's own library (opforge.ggml_cpu): the format's to_float."""
     from opforge import ggml_cpu
 
-    return ggml_cpu.load().dequantize(q, format, q.shape[-1] // BYTES[format] * 32)
+    return ggml_cpu.load().dequantize(q, format)

@@ -9,8 +9,8 @@ like against like). `load()` returns None when neither is there.
 
     lib = opforge.ggml_cpu.load()
     q = lib.quantize(x, "q4_0")                  # ggml_quantize_chunk's bytes
-    y = lib.dequantize(q, "q4_0", k)             # the type's to_float
-    with lib.matmul(w_q4_0, "q4_0", k, rows=32) as mm:
+    y = lib.dequantize(q, "q4_0")                # the type's to_float
+    with lib.matmul(w_q4_0, "q4_0", rows=32) as mm:
         out = mm(x)                             # ggml_mul_mat on ggml's CPU backend
 """
 
@@ -100,7 +100,9 @@ class Ggml:
         """ggml_quantize_chunk of float32 rows [..., k] (k a multiple of 32): uint8 [..., k/32*B]."""
         x = np.ascontiguousarray(x, np.float32)
         k = x.shape[-1]
-        _check_k("quantize", k, format)
+        _check_format("quantize", format)
+        if k % QK:
+            raise ValueError(f"ggml_cpu.quantize: k must be a multiple of {QK}, got {k}")
         rows = x.size // k if k else 0
         out = np.empty(x.shape[:-1] + (k // QK * BLOCK_BYTES[format],), np.uint8)
         if x.size:
@@ -108,32 +110,32 @@ class Ggml:
                                           k, None)
         return out
 
-    def dequantize(self, q, format: str, k: int) -> np.ndarray:
+    def dequantize(self, q, format: str) -> np.ndarray:
         """The type's to_float over uint8 blocks [..., k/32*B]: float32 [..., k]."""
         q = np.ascontiguousarray(q, np.uint8)
-        _check_k("dequantize", k, format)
-        _check_shape("dequantize", "q", q.shape[-1:], (k // QK * BLOCK_BYTES[format],))
+        k = _row_length("dequantize", "q", q, format)
         out = np.empty(q.shape[:-1] + (k,), np.float32)
         to_float = _TO_FLOAT(self.base.ggml_get_type_traits(TYPES[format]).contents.to_float)
         if out.size:
             to_float(q.ctypes.data, out.ctypes.data, out.size)
         return out
 
-    def matmul(self, w, format: str, k: int, rows: int, threads: int | None = None) -> "Matmul":
+    def matmul(self, w, format: str, rows: int, threads: int | None = None) -> "Matmul":
         """A prepared ggml_mul_mat of `rows` float32 activation rows against the quantized weight
         w (uint8 [n, k/32*B]), computed by ggml's CPU backend on `threads` threads."""
-        return Matmul(self, w, format, k, rows, threads or os.cpu_count() or 1)
+        return Matmul(self, w, format, rows, threads or os.cpu_count() or 1)
 
 
 class Matmul:
     """x [rows, k] float32 -> x @ dequant(w)^T [rows, n]: one graph, built once, run per call (as
     llama.cpp reuses its graphs); ggml quantizes x to Q8_0 inside, as opforge's matmul_q does."""
 
-    def __init__(self, g: Ggml, w, format: str, k: int, rows: int, threads: int):
+    def __init__(self, g: Ggml, w, format: str, rows: int, threads: int):
         self.ctx = None
         w = np.ascontiguousarray(w, np.uint8)
-        _check_k("matmul", k, format)
-        _check_shape("matmul", "w", w.shape[1:], (k // QK * BLOCK_BYTES[format],))
+        if w.ndim != 2:
+            raise ValueError(f"ggml_cpu.matmul: 'w' must have 2 dimensions, got {w.ndim}")
+        k = _row_length("matmul", "w", w, format)
         n = w.shape[0]
         self.g, self.rows, self.k, self.n = g, rows, k, n
         b = g.base
@@ -157,7 +159,8 @@ class Matmul:
         """Copies x in (None: keep the last one) and runs the graph; returns ggml's result array,
         overwritten by the next call."""
         if x is not None:
-            _check_shape("matmul", "x", np.shape(x), (self.rows, self.k))
+            if tuple(np.shape(x)) != (self.rows, self.k):
+                raise ValueError(f"ggml_cpu.matmul: 'x' must have shape {[self.rows, self.k]}, got {list(np.shape(x))}")
             self.x_view[...] = x
         status = self.g.base.ggml_backend_graph_compute(self.backend, self.graph)
         if status != 0:
@@ -180,16 +183,19 @@ class Matmul:
 
 
 # ggml asserts (aborting the process) where these fail: checked here first.
-def _check_k(what: str, k: int, format: str) -> None:
+def _check_format(what: str, format: str) -> None:
     if format not in BLOCK_BYTES:
         raise ValueError(f"ggml_cpu.{what}: format must be one of {sorted(BLOCK_BYTES)}, got {format!r}")
-    if k % QK:
-        raise ValueError(f"ggml_cpu.{what}: k must be a multiple of {QK}, got {k}")
 
 
-def _check_shape(what: str, name: str, got, want) -> None:
-    if tuple(got) != tuple(want):
-        raise ValueError(f"ggml_cpu.{what}: {name!r} must have shape {list(want)}, got {list(got)}")
+def _row_length(what: str, name: str, blocks: np.ndarray, format: str) -> int:
+    """k, the values in a row of whole blocks of `format` (the last dimension's bytes)."""
+    _check_format(what, format)
+    if blocks.ndim < 1 or blocks.shape[-1] % BLOCK_BYTES[format]:
+        got = blocks.shape[-1] if blocks.ndim else "no"
+        raise ValueError(f"ggml_cpu.{what}: {name!r} rows must be whole {format} blocks of "
+                         f"{BLOCK_BYTES[format]} bytes, got {got} bytes")
+    return blocks.shape[-1] // BLOCK_BYTES[format] * QK
 
 
 def _view(address: int, shape: tuple[int, int]) -> np.ndarray:

@@ -44,7 +44,7 @@ def test_quantized_bytes_are_ggml_bytes(rng, fmt, dtype):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_dequantized_values_are_ggml_values(rng, fmt):
     q = GGML.quantize(awkward_rows(rng, 64, 1024), fmt)
-    np.testing.assert_array_equal(opforge.dequantize(q, fmt), GGML.dequantize(q, fmt, 1024))
+    np.testing.assert_array_equal(opforge.dequantize(q, fmt), GGML.dequantize(q, fmt))
 
 
 def on_grid(rng, rows, k):
@@ -63,7 +63,7 @@ def test_matmul_q_matches_ggml_mul_mat(rng, fmt, rows):
     w = QUANTIZE[fmt](rng.standard_normal((n, k)).astype(np.float32))
     x = on_grid(rng, rows, k)
     got = opforge.matmul_q(x, w, fmt)
-    with GGML.matmul(w, fmt, k, rows) as mm:
+    with GGML.matmul(w, fmt, rows) as mm:
         want = mm(x).copy()
     # Both compute the same exact block products; ggml sums them in float32 (opforge in double),
     # so allow float32 sums' rounding over 32 blocks, relative to the terms' sizes.
@@ -78,7 +78,7 @@ def test_off_grid_activations_differ_at_most_by_their_quantization(rng):
     n, k = 33, 2048
     w = opforge.quantize_q8_0(rng.standard_normal((n, k)).astype(np.float32))
     x = rng.standard_normal((4, k)).astype(np.float32)
-    with GGML.matmul(w, "q8_0", k, 4) as mm:
+    with GGML.matmul(w, "q8_0", 4) as mm:
         want = mm(x).copy()
     got = opforge.matmul_q(x, w, "q8_0")
     step = np.abs(x).reshape(4, -1, 32).max(-1) / 127  # one quant of each block of x
@@ -89,10 +89,12 @@ def test_off_grid_activations_differ_at_most_by_their_quantization(rng):
 def test_bad_arguments_raise_before_ggml_can_abort(rng):
     with pytest.raises(ValueError, match=r"ggml_cpu.quantize: k must be a multiple of 32, got 33"):
         GGML.quantize(np.ones((2, 33), np.float32), "q8_0")
-    with pytest.raises(ValueError, match=r"ggml_cpu.dequantize: 'q' must have shape \[34\], got \[18\]"):
-        GGML.dequantize(np.zeros((1, 18), np.uint8), "q8_0", 32)
-    with pytest.raises(ValueError, match=r"format must be one of \['q4_0', 'q8_0'\], got 'q5_0'"):
-        GGML.matmul(np.zeros((1, 18), np.uint8), "q5_0", 32, 1)
-    with GGML.matmul(np.zeros((3, 18), np.uint8), "q4_0", 32, 2) as mm:
+    with pytest.raises(ValueError, match=r"ggml_cpu.dequantize: 'q' rows must be whole q8_0 blocks of 34 bytes, got 18"):
+        GGML.dequantize(np.zeros((1, 18), np.uint8), "q8_0")
+    with pytest.raises(ValueError, match=r"ggml_cpu.matmul: format must be one of \['q4_0', 'q8_0'\], got 'q5_0'"):
+        GGML.matmul(np.zeros((1, 18), np.uint8), "q5_0", 1)
+    with pytest.raises(ValueError, match=r"ggml_cpu.matmul: 'w' must have 2 dimensions, got 1"):
+        GGML.matmul(np.zeros(18, np.uint8), "q4_0", 1)
+    with GGML.matmul(np.zeros((3, 18), np.uint8), "q4_0", 2) as mm:
         with pytest.raises(ValueError, match=r"ggml_cpu.matmul: 'x' must have shape \[2, 32\], got \[1, 32\]"):
             mm(np.ones((1, 32), np.float32))
