@@ -87,51 +87,78 @@ HWY_INLINE void SigmoidPair(D d, V x, V& s, V& s_neg) {
   s_neg = hn::IfThenElse(pos, q, r);
 }
 
-// The standard normal CDF, Phi(x) = erfc(-x / sqrt(2)) / 2, for any x. float: erfc(|z|) by
-// Numerical Recipes' erfcc (Chebyshev fit, relative error below 1.2e-7 on all of [0, inf)), so
-// Phi keeps its relative accuracy in the far left tail; about 40 operations. double: std::erfc
-// lane by lane (Highway 1.0.3 has no vector erf; float64 needs ~1e-15).
+// Float: 2^24 Phi(-|x|) = 2^24 erfc(|z|) / 2, z = x / sqrt(2), by Numerical Recipes' erfcc
+// (Chebyshev fit, relative error below 1.2e-7 on all of [0, inf)), so Phi keeps its relative
+// accuracy in the far left tail; about 40 operations. Scaled by 2^24 (exactly) so that it is a
+// normal float wherever it is not 0 (exp flushes below 2^-126, and h > 2^-6): Phi itself is
+// subnormal for |x| in [12.9, 13.3], and every instruction that makes a subnormal float takes a
+// microcode assist of ~150 cycles on Intel, which made gelu on such inputs 10x slower. The
+// callers unscale last, where the result itself is normal.
+inline constexpr double kCdfScale = 16777216.0;  // 2^24
+
 template <class D, class V>
-HWY_INLINE V NormalCdfAnyX(D d, V x) {
+HWY_INLINE V ScaledLeftNormalCdf(D d, V x) {
+  // In h = t / 2 = 1 / (2 + z), z = |x| / sqrt(2), with the coefficients scaled by 2^k to
+  // match (exact), t * exp(...) / 2 is h * exp(...). |x| is capped so the reciprocal never
+  // sees inf.
+  const V ax = hn::Min(hn::Abs(x), Splat(d, 64.0));
+  const V h = Reciprocal(d, hn::MulAdd(ax, Splat(d, 0.70710678118654752440), Splat(d, 2.0)));
+  // Estrin's scheme: the same polynomial with a shorter dependency chain than Horner's.
+  const V h2 = hn::Mul(h, h), h4 = hn::Mul(h2, h2);
+  auto pair = [&](double c0, double c1) { return hn::MulAdd(h, Splat(d, c1), Splat(d, c0)); };
+  const V low = hn::MulAdd(h2, pair(0.37409196 * 4, 0.09678418 * 8), pair(-1.26551223, 1.00002368 * 2));
+  const V mid = hn::MulAdd(h2, pair(-1.13520398 * 64, 1.48851587 * 128), pair(-0.18628806 * 16, 0.27886807 * 32));
+  const V p = hn::MulAdd(h4, hn::MulAdd(h4, pair(-0.82215223 * 256, 0.17087277 * 512), mid), low);
+  // -z^2 as -(x / 2) * x: one rounding (in the FMA) instead of two, since for |x| past a few
+  // units the exponent's rounding is the largest error left.
+  return hn::Mul(hn::Mul(h, Splat(d, kCdfScale)),
+                 ExpNonPositiveMagic(d, hn::NegMulAdd(hn::Mul(x, Splat(d, 0.5)), x, p)));
+}
+
+// 1 - Phi(-|x|) (x >= 0) from ScaledLeftNormalCdf's 2^24 Phi(-|x|). Below 2^-36 that is raised
+// to 2^-36: the difference rounds to 1 either way, and the product with 2^-24, which targets
+// without FMA round on its own, stays normal.
+template <class D, class V>
+HWY_INLINE V OneMinusUnscaled(D d, V scaled) {
+  return hn::NegMulAdd(hn::Max(scaled, Splat(d, 0x1p-36)), Splat(d, 1.0 / kCdfScale), Splat(d, 1.0));
+}
+
+// m * Phi(x) for any x, Phi the standard normal CDF, Phi(x) = erfc(-x / sqrt(2)) / 2. float:
+// from ScaledLeftNormalCdf, unscaled after the product with m, so nothing on the way is
+// subnormal unless m * Phi(x) is. double: std::erfc lane by lane (Highway 1.0.3 has no vector
+// erf; float64 needs ~1e-15).
+template <class D, class V>
+HWY_INLINE V TimesNormalCdfAnyX(D d, V m, V x) {
   using T = hn::TFromD<D>;
   if constexpr (sizeof(T) == 8) {
     HWY_ALIGN T lanes[HWY_MAX_BYTES / sizeof(T)];
     hn::Store(x, d, lanes);
     for (size_t i = 0; i < hn::Lanes(d); ++i) lanes[i] = 0.5 * std::erfc(-lanes[i] * 0.70710678118654752440);
-    return hn::Load(d, lanes);
+    return hn::Mul(m, hn::Load(d, lanes));
   } else {
-    // In h = t / 2 = 1 / (2 + z), z = |x| / sqrt(2), with the coefficients scaled by 2^k to
-    // match (exact), t * exp(...) / 2 is h * exp(...). |x| is capped so the reciprocal never
-    // sees inf.
-    const V ax = hn::Min(hn::Abs(x), Splat(d, 64.0));
-    const V h = Reciprocal(d, hn::MulAdd(ax, Splat(d, 0.70710678118654752440), Splat(d, 2.0)));
-    // Estrin's scheme: the same polynomial with a shorter dependency chain than Horner's.
-    const V h2 = hn::Mul(h, h), h4 = hn::Mul(h2, h2);
-    auto pair = [&](double c0, double c1) { return hn::MulAdd(h, Splat(d, c1), Splat(d, c0)); };
-    const V low = hn::MulAdd(h2, pair(0.37409196 * 4, 0.09678418 * 8), pair(-1.26551223, 1.00002368 * 2));
-    const V mid = hn::MulAdd(h2, pair(-1.13520398 * 64, 1.48851587 * 128), pair(-0.18628806 * 16, 0.27886807 * 32));
-    const V p = hn::MulAdd(h4, hn::MulAdd(h4, pair(-0.82215223 * 256, 0.17087277 * 512), mid), low);
-    // -z^2 as -(x / 2) * x: one rounding (in the FMA) instead of two, since for |x| past a few
-    // units the exponent's rounding is the largest error left.
-    const V half_erfc = hn::Mul(h, ExpNonPositiveMagic(d, hn::NegMulAdd(hn::Mul(x, Splat(d, 0.5)), x, p)));
-    return hn::IfThenElse(hn::Lt(x, hn::Zero(d)), half_erfc, hn::Sub(Splat(d, 1.0), half_erfc));
+    const V scaled = ScaledLeftNormalCdf(d, x), unscale = Splat(d, 1.0 / kCdfScale);
+    const auto negative = hn::Lt(x, hn::Zero(d));
+    // x < 0: m Phi(-|x|); the other lanes' m zeroed, or their product could be the subnormal.
+    const V left = hn::Mul(hn::Mul(hn::IfThenElseZero(negative, m), scaled), unscale);
+    const V right = hn::Mul(m, OneMinusUnscaled(d, scaled));
+    return hn::IfThenElse(negative, left, right);
   }
 }
 
-// Phi(x): the tabulated polynomials when every lane is inside their range (nearly every vector
-// of typical activations), the erfc path otherwise (NaN included).
+// m * Phi(x): Phi from the tabulated polynomials when every lane is inside their range (nearly
+// every vector of typical activations), from the erfc path otherwise (NaN included).
 template <class D, class V>
-HWY_INLINE V NormalCdf(D d, V x) {
+HWY_INLINE V TimesNormalCdf(D d, V m, V x) {
   if constexpr (kHasPiecewiseTables<D>) {
     using Table = NormalCdfLeftTable<static_cast<int>(hn::MaxLanes(D()))>;
     const V a = hn::Abs(x);
     if (HWY_LIKELY(AllInTable(d, a, Table::kRange))) {
       // Phi(x) = 1 - Phi(-x) for x >= 0, where absolute accuracy is relative accuracy.
       const V left = Piecewise<Table>(d, a);
-      return hn::IfThenElse(hn::Lt(x, hn::Zero(d)), left, hn::Sub(Splat(d, 1.0), left));
+      return hn::Mul(m, hn::IfThenElse(hn::Lt(x, hn::Zero(d)), left, hn::Sub(Splat(d, 1.0), left)));
     }
   }
-  return NormalCdfAnyX(d, x);
+  return TimesNormalCdfAnyX(d, m, x);
 }
 
 // Past these |x| every result equals its limit in float64 and float32 alike.
@@ -176,7 +203,7 @@ struct SiluGrad {
 struct GeluErf {
   template <class D, class V>
   HWY_INLINE V operator()(D d, V x) const {
-    return hn::Mul(ClampBelow(d, x, kGeluLimit), NormalCdf(d, x));
+    return TimesNormalCdf(d, ClampBelow(d, x, kGeluLimit), x);
   }
 };
 
@@ -199,9 +226,22 @@ struct GeluErfGrad {
       }
     }
     const V xc = ClampAbs(d, x, kGeluLimit);
-    const V density = hn::Mul(ExpNonPositiveMagic(d, hn::Mul(hn::Mul(xc, xc), Splat(d, -0.5))),
-                              Splat(d, 0.39894228040143267794));  // 1 / sqrt(2 pi)
-    return hn::Mul(g, hn::MulAdd(xc, density, NormalCdfAnyX(d, xc)));
+    if constexpr (sizeof(hn::TFromD<D>) == 8) {
+      const V density = hn::Mul(ExpNonPositiveMagic(d, hn::Mul(hn::Mul(xc, xc), Splat(d, -0.5))),
+                                Splat(d, 0.39894228040143267794));  // 1 / sqrt(2 pi)
+      return hn::Mul(g, hn::MulAdd(xc, density, TimesNormalCdfAnyX(d, Splat(d, 1.0), xc)));
+    } else {
+      // Phi and phi both scaled by 2^24 (see ScaledLeftNormalCdf) and unscaled last.
+      const V density = hn::Mul(ExpNonPositiveMagic(d, hn::Mul(hn::Mul(xc, xc), Splat(d, -0.5))),
+                                Splat(d, 0.39894228040143267794 * kCdfScale));
+      const V scaled = ScaledLeftNormalCdf(d, xc), unscale = Splat(d, 1.0 / kCdfScale);
+      const auto negative = hn::Lt(xc, hn::Zero(d));
+      // x < 0: Phi(x) + x phi(x), both tiny: the sum scaled, times g, then unscaled.
+      const V left = hn::Mul(hn::Mul(g, hn::IfThenElseZero(negative, hn::MulAdd(xc, density, scaled))), unscale);
+      // x >= 0: 1 - Phi(-x) + x phi(x), x phi(x) from x / 2^24 (exact) and the scaled density.
+      const V right = hn::Mul(g, hn::MulAdd(hn::Mul(xc, unscale), density, OneMinusUnscaled(d, scaled)));
+      return hn::IfThenElse(negative, left, right);
+    }
   }
 };
 
