@@ -12,7 +12,8 @@
 #
 #   bash scripts/gpu_check.sh                       # on the GPU machine
 #   bash scripts/gpu_check.sh --bundle-deps DIR     # on a dev machine: Highway + DLPack headers
-#                                                   # into DIR, for a GPU machine without them
+#                                                   # and pytest-xdist's wheels into DIR, for a
+#                                                   # GPU machine without them
 #
 # The summary, the ops_cuda benchmark tables and one archive of the step logs
 # (gpu_check_logs.tar.gz: the device runner brings back at most 8 files) go to $OUT when set,
@@ -22,7 +23,9 @@
 # GPU_CHECK_STEPS (comma-separated step names, or "all", the default) picks the steps. Measured on
 # the H200 at db57f81 (2026-11-26): build 95 s, test_cuda 55 s, the benchmark 81 s, memcheck 9 s,
 # racecheck 12 s (265 s for the first call below, start-up 32 s more); forge past 89 s (85 of its
-# 86 tests), the suite past 240 s (14683 of 14867), the stable-ABI check 82 s. A session's 900 s of
+# 86 tests), the suite past 240 s (14683 of 14867), the stable-ABI check 82 s, all serially (no
+# pytest-xdist there; the bundle now carries it: the suite takes 388 s on 2 workers on the 2-core
+# development machine against ~800 s serially, and passes in parallel). A session's 900 s of
 # device time (start-up included) holds two calls on one warm machine (it goes back after 30 s
 # idle: send the second at once), the second without building again. schedules, profile and
 # ncu (new since that run, untimed: caps 120 s, 60 s and 120 s; they run after the sanitizers, so a
@@ -59,6 +62,10 @@ if [[ "${1:-}" == "--bundle-deps" ]]; then
     | xargs -I{} cp {} "$dest/stable-abi/"
   python3 -c 'import torch; print(torch.__version__)' > "$dest/stable-abi/built-with-torch.txt"
   sources_digest > "$dest/stable-abi/sources.txt"
+  # pytest-xdist and pytest-timeout for the GPU machine (no network there): its 16 cores run the
+  # test steps in parallel; the whole suite took past 240 s serially on the H200.
+  python3 -m pip download -q --only-binary=:all: --no-deps --dest "$dest/wheels" pytest-xdist execnet pytest-timeout ||
+    echo "warning: pytest-xdist not downloaded: the GPU machine's test steps will run serially" >&2
   # The GPU machine's copy of the tree has no usable git history: name the commit here.
   echo "$(code_digest) $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- include src bindings ops tests ||
     echo ' + uncommitted changes')" > "$dest/commit.txt"
@@ -158,6 +165,15 @@ if ! "$PY" -c 'import torch, opforge, sys; i = opforge.info(); print(i["backends
   note "FAIL  opforge is not importable or was built without CUDA: see gpu_check_build.log"
   tar -czf "$RESULTS/gpu_check_logs.tar.gz" -C "$LOGS" .
   exit 1
+fi
+
+# pytest-xdist and pytest-timeout from the bundle's wheels where the machine lacks them (--no-deps:
+# its own pytest stays).
+if [[ -d build/gpu-deps/wheels ]] && ! "$PY" -c 'import xdist, pytest_timeout' 2> /dev/null; then
+  wheels=("$PY" -m pip install --no-deps --no-index --disable-pip-version-check -q --find-links build/gpu-deps/wheels
+          pytest-xdist execnet pytest-timeout)
+  [[ " ${install[*]} " == *" --break-system-packages "* ]] && wheels+=(--break-system-packages)
+  "${wheels[@]}" 2>&1 | tail -n 3 || true
 fi
 
 # JAX would take 75% of the GPU at its first use; torch and the sanitizer need room too.
