@@ -65,9 +65,11 @@ def test_wide_range(simd_target, rng, dtype, approximate):
     check(x, "torch", dtype, approximate)
 
 
-@pytest.mark.parametrize("dtype, low, rtol", [("float32", -9, 1e-5), ("float64", -30, 1e-12)])
+@pytest.mark.parametrize("dtype, low, rtol", [("float32", -13, 1e-5), ("float64", -30, 1e-12)])
 def test_left_tail_relative_accuracy(simd_target, rng, dtype, low, rtol):
-    # Phi comes from erfc, not 1 + erf, so tiny results keep their relative accuracy.
+    # Phi comes from erfc, not 1 + erf, so tiny results keep their relative accuracy: float32
+    # down to x = -13, gelu(x) = -8e-38, just above the smallest normal float (Phi(x) itself
+    # is subnormal past -12.9; the kernels keep it 2^24 larger until the product with x).
     x64 = rng.uniform(low, -3, 4099).astype(dtype).astype(np.float64)
     got = opforge.gelu(x64.astype(dtype)).astype(np.float64)
     np.testing.assert_allclose(got, reference(x64, "none"), rtol=rtol, atol=0)
