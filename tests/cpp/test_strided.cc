@@ -129,6 +129,38 @@ TEST(Strided, ForEachRowMatchesNaiveWalk) {
   set_num_threads(saved);
 }
 
+// Transposed operands big enough for several blocks of kTileRows rows and several kTileCols-wide
+// column chunks, partial ones at both ends (walk_in_tiles), with a broadcast row beside them.
+TEST(Strided, TransposedOperandsWalkInTiles) {
+  const int64_t saved = num_threads();
+  set_num_threads(3);
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{37, 70}, std::vector<int64_t>{3, 33, 65},
+                                            std::vector<int64_t>{16, 32}, std::vector<int64_t>{2, 17, 5}}) {
+    const int64_t rank = static_cast<int64_t>(shape.size());
+    Layout l;
+    l.shape = shape;
+    l.strides[0] = contiguous_strides(shape);
+    std::vector<int64_t> row_shape(rank, 1);
+    row_shape.back() = shape.back();
+    l.strides[1] = broadcast_strides(view(nullptr, DType::float32, row_shape), shape);
+    // The last two dimensions swapped in memory: x.mT.
+    std::vector<int64_t> swapped = shape;
+    std::swap(swapped[rank - 1], swapped[rank - 2]);
+    l.strides[2] = contiguous_strides(swapped);
+    std::swap(l.strides[2][rank - 1], l.strides[2][rank - 2]);
+    for (int64_t grain : {1, 64, 1 << 15}) {
+      SCOPED_TRACE(::testing::Message() << "shape " << ::testing::PrintToString(shape) << " grain " << grain);
+      check_layout(l, grain);
+      if (::testing::Test::HasFatalFailure()) break;
+    }
+    // Tiled: no row runs longer than kTileCols (row by row, each would be the whole last dimension).
+    int64_t longest = 0;
+    cpu::for_each_row<3>(l.shape, l.strides, 1 << 15, [&](const cpu::Row<3>& r) { longest = std::max(longest, r.len); });
+    EXPECT_EQ(longest, std::min(cpu::kTileCols, shape.back()));
+  }
+  set_num_threads(saved);
+}
+
 TEST(Strided, CoalescesContiguousIntoOneRow) {
   // Contiguous operands and a scalar broadcast collapse to a single row: the SIMD fast path.
   std::vector<int64_t> shape{4, 5, 6};
