@@ -23,9 +23,10 @@
 # GPU_CHECK_STEPS (comma-separated step names, or "all", the default) picks the steps. Measured on
 # the H200 at db57f81 (2026-11-26): build 95 s, test_cuda 55 s, the benchmark 81 s, memcheck 9 s,
 # racecheck 12 s (265 s for the first call below, start-up 32 s more); forge past 89 s (85 of its
-# 86 tests), the suite past 240 s (14683 of 14867), the stable-ABI check 82 s, all serially (no
-# pytest-xdist there; the bundle now carries it for the machine's 16 cores; the suite passes under
-# it on the 2-core development machine, -n 2 in 388 s, no faster there than serially). A session's 900 s of
+# 86 tests), the suite past 240 s (14683 of 14867), the stable-ABI check 82 s, by all signs serially
+# (the machine's package list names no pytest-xdist; 14683 tests in 240 s is a serial pace). The
+# bundle now carries it for the machine's 16 cores; the suite passes under it on the 2-core
+# development machine (-n 2 in 388 s, no faster there than serially). A session's 900 s of
 # device time (start-up included) holds two calls on one warm machine (it goes back after 30 s
 # idle: send the second at once), the second without building again. schedules, profile and
 # ncu (new since that run, untimed: caps 120 s, 60 s and 120 s; they run after the sanitizers, so a
