@@ -63,14 +63,17 @@ def main():
     for op in OPS:
         for s in scales:
             ours, theirs = (statistics.median(times[(op, s, i)]) for i in ("opforge", "torch eager"))
-            print(f"{op:<14} {s:>5g} {ours * 1e9 / args.n:>16.3f} {theirs * 1e9 / args.n:>14.3f} {theirs / ours:>7.2f}x")
+            print(f"{op:<14} {s:>5g} {ours * 1e9 / args.n:>16.3f} {theirs * 1e9 / args.n:>14.3f} "
+                  f"{theirs / ours:>7.2f}x")
             for impl, t in (("opforge", ours), ("torch eager", theirs)):
                 rows.append({"op": op, "scale": s, "impl": impl, "ns_per_element": t * 1e9 / args.n,
                              "opforge_speedup": t / ours})
     print(f"\nwrote {common.write_csv('activation_range_cpu', rows)}")
     groups = [f"{op} x{s:g}" for op in OPS for s in scales]
     series = {impl: [r["ns_per_element"] for r in rows if r["impl"] == impl] for impl in ("opforge", "torch eager")}
-    print(f"wrote {common.bar_plot('activation_range_cpu', 'activations by input scale (lower is better)', groups, series, 'ns per element')}")
+    plot = common.bar_plot("activation_range_cpu", "activations by input scale (lower is better)", groups, series,
+                           "ns per element")
+    print(f"wrote {plot}")
 
 
 if __name__ == "__main__":

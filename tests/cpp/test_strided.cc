@@ -155,7 +155,8 @@ TEST(Strided, TransposedOperandsWalkInTiles) {
     }
     // Tiled: no row runs longer than kTileCols (row by row, each would be the whole last dimension).
     int64_t longest = 0;
-    cpu::for_each_row<3>(l.shape, l.strides, 1 << 15, [&](const cpu::Row<3>& r) { longest = std::max(longest, r.len); });
+    cpu::for_each_row<3>(l.shape, l.strides, 1 << 15,
+                         [&](const cpu::Row<3>& r) { longest = std::max(longest, r.len); });
     EXPECT_EQ(longest, std::min(cpu::kTileCols, shape.back()));
   }
   set_num_threads(saved);
