@@ -226,14 +226,13 @@ struct GeluErfGrad {
       }
     }
     const V xc = ClampAbs(d, x, kGeluLimit);
-    if constexpr (sizeof(hn::TFromD<D>) == 8) {
-      const V density = hn::Mul(ExpNonPositiveMagic(d, hn::Mul(hn::Mul(xc, xc), Splat(d, -0.5))),
-                                Splat(d, 0.39894228040143267794));  // 1 / sqrt(2 pi)
+    // float: Phi and phi both scaled by 2^24 (see ScaledLeftNormalCdf) and unscaled last.
+    constexpr bool kScaled = sizeof(hn::TFromD<D>) == 4;
+    const V density = hn::Mul(ExpNonPositiveMagic(d, hn::Mul(hn::Mul(xc, xc), Splat(d, -0.5))),
+                              Splat(d, 0.39894228040143267794 * (kScaled ? kCdfScale : 1.0)));  // 1 / sqrt(2 pi)
+    if constexpr (!kScaled) {
       return hn::Mul(g, hn::MulAdd(xc, density, TimesNormalCdfAnyX(d, Splat(d, 1.0), xc)));
     } else {
-      // Phi and phi both scaled by 2^24 (see ScaledLeftNormalCdf) and unscaled last.
-      const V density = hn::Mul(ExpNonPositiveMagic(d, hn::Mul(hn::Mul(xc, xc), Splat(d, -0.5))),
-                                Splat(d, 0.39894228040143267794 * kCdfScale));
       const V scaled = ScaledLeftNormalCdf(d, xc), unscale = Splat(d, 1.0 / kCdfScale);
       const auto negative = hn::Lt(xc, hn::Zero(d));
       // x < 0: Phi(x) + x phi(x), both tiny: the sum scaled, times g, then unscaled.
