@@ -129,6 +129,12 @@ OpDef& OpDef::validates(std::vector<std::string> args) {
   return *this;
 }
 
+OpDef& OpDef::elementwise(std::vector<std::string> args) {
+  for (const auto& arg : args) constraint_for(arg);
+  elementwise_ = std::move(args);
+  return *this;
+}
+
 OpDef& OpDef::maps_over_leading_dims(std::vector<std::string> args) {
   for (const auto& arg : args) constraint_for(arg);
   leading_dim_args_ = std::move(args);

@@ -3,6 +3,7 @@
 
 #include "opforge/backend.h"
 #include "opforge/dispatch.h"
+#include "opforge/layout.h"
 
 namespace opforge {
 
@@ -101,6 +102,13 @@ Outputs infer_outputs(const OpDef& op, const OpInputs& inputs) {
   for (size_t r = 0; r < outputs.size(); ++r) check_size(ctx, outputs[r], r, outputs.size());
   if (op.output_mask_slot() >= 0)
     apply_output_mask(ctx, std::get<int64_t>(inputs.attrs[op.output_mask_slot()]), outputs);
+  std::vector<const TensorView*> operands;
+  for (const auto& arg : op.elementwise_args()) {
+    const auto& t = inputs.tensors[op.tensor_slot(arg)];
+    if (t) operands.push_back(&*t);
+  }
+  for (OutputSpec& out : outputs)
+    out.strides = operands.empty() ? contiguous_strides(out.shape) : elementwise_result_strides(operands, out.shape);
   return outputs;
 }
 
@@ -118,6 +126,14 @@ void run_kernel(const OpDef& op, const Selection& selection, const OpInputs& inp
     idle = idle && !(t && t->numel() > 0);
   }
   if (idle) return;
+  // Kernels write results row-major: hand them the views reordered to the results' layout.
+  if (!op.elementwise_args().empty() && !outputs.empty() && !outputs.front().is_contiguous()) {
+    OpInputs reordered_inputs = inputs;
+    std::vector<TensorView> reordered(outputs.begin(), outputs.end());
+    reorder_to_result_layout(op, reordered_inputs, reordered);
+    run_kernel(op, selection, reordered_inputs, reordered, stream, scratch);
+    return;
+  }
   const Device device = outputs.empty() ? Device{} : outputs.front().device;
   if (device.type != DeviceType::cuda) {
     selection.fn(KernelCall(op, inputs, outputs, stream, scratch));

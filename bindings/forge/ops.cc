@@ -85,9 +85,9 @@ void run(const OpDef& op, const c10::FunctionSchema& schema, torch::jit::Stack* 
   std::vector<TensorView> views;
   const auto where = at::TensorOptions().device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(b.device));
   for (const OutputSpec& spec : results) {
-    outputs.push_back(at::empty(spec.shape, where.dtype(scalar_type_of(spec.dtype))));
+    outputs.push_back(at::empty_strided(spec.shape, spec.strides, where.dtype(scalar_type_of(spec.dtype))));
     views.push_back(TensorView{outputs.back().data_ptr(), spec.dtype, Device{DeviceType::cpu, 0}, spec.shape,
-                               contiguous_strides(spec.shape)});
+                               spec.strides});
   }
   std::vector<at::Tensor> keep = std::move(b.keep);
   keep.insert(keep.end(), outputs.begin(), outputs.end());

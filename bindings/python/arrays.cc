@@ -60,13 +60,13 @@ void Allocation::fence(void* stream) const {
   o->fence = o->backend->fence(o->device, stream);
 }
 
-Allocation allocate(Backend& backend, DType dtype, const std::vector<int64_t>& shape, Device device,
-                    void* stream) {
+Allocation allocate(Backend& backend, DType dtype, const std::vector<int64_t>& shape,
+                    const std::vector<int64_t>& strides, Device device, void* stream) {
   TensorView view;
   view.dtype = dtype;
   view.device = device;
   view.shape = shape;
-  view.strides = contiguous_strides(shape);
+  view.strides = strides;
   view.data = backend.allocate(view.nbytes(), device, stream);
   auto* owner = new Owner{&backend, view.data, device};
   nb::capsule capsule(owner, [](void* p) noexcept {

@@ -22,7 +22,8 @@ Framework framework_of(nb::handle obj);
 bool import_array(nb::handle obj, nb::ndarray<nb::ro>& out);
 TensorView view_of(const nb::ndarray<nb::ro>& array);
 
-// Allocates a contiguous result on `backend`, owned by the returned capsule.
+// Allocates a result on `backend` (dense: `strides` a reordering of row-major ones), owned by
+// the returned capsule.
 struct Allocation {
   TensorView view;
   nb::capsule owner;
@@ -30,8 +31,8 @@ struct Allocation {
   // capsule goes, only once the work queued on `stream` by then has finished.
   void fence(void* stream) const;
 };
-Allocation allocate(Backend& backend, DType dtype, const std::vector<int64_t>& shape, Device device,
-                    void* stream);
+Allocation allocate(Backend& backend, DType dtype, const std::vector<int64_t>& shape,
+                    const std::vector<int64_t>& strides, Device device, void* stream);
 
 // Wraps an allocation as an array of `framework` (no copy).
 nb::object wrap(const Allocation& result, Framework framework);

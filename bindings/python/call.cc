@@ -184,7 +184,12 @@ nb::list infer_call(const OpDef& op, const nb::sequence& tensors, const nb::dict
       } catch (const Error&) {
         fail(ErrorKind::type, op.name(), "(): '", spec.name, "' has dtype ", dtype, ", which opforge does not support");
       }
-      view.strides = contiguous_strides(view.shape);
+      // (shape, dtype[, device[, strides]]): strides default to row-major.
+      view.strides = nb::len(meta) > 3 && !meta[3].is_none() ? nb::cast<std::vector<int64_t>>(meta[3])
+                                                              : contiguous_strides(view.shape);
+      if (view.strides.size() != view.shape.size())
+        fail(ErrorKind::value, op.name(), "(): '", spec.name, "' has ", view.shape.size(), " sizes but ",
+             view.strides.size(), " strides");
       if (nb::len(meta) > 2 && !meta[2].is_none()) {  // (device type name, index): checks devices agree
         const std::string type = nb::cast<std::string>(meta[2][0]);
         if (type != "cpu" && type != "cuda") fail(ErrorKind::runtime, op.name(), "(): unknown device type '", type, "'");
@@ -201,7 +206,8 @@ nb::list infer_call(const OpDef& op, const nb::sequence& tensors, const nb::dict
   }
   nb::list out;
   for (const OutputSpec& o : infer_outputs(op, inputs))
-    out.append(nb::make_tuple(nb::tuple(nb::cast(o.shape)), std::string(dtype_name(o.dtype))));
+    out.append(nb::make_tuple(nb::tuple(nb::cast(o.shape)), std::string(dtype_name(o.dtype)),
+                              nb::tuple(nb::cast(o.strides))));
   return out;
 }
 
@@ -217,7 +223,9 @@ nb::object call_op(const OpDef& op, nb::args args, nb::kwargs kwargs) {
   std::vector<TensorView> views;
   try {
     for (const auto& out : specs_out) {
-      results.push_back(allocate(*selection.backend, out.dtype, out.shape, device, stream));
+      // JAX arrays are row-major whatever the inputs' layout (another framework's input can lead).
+      const auto strides = framework == Framework::jax ? contiguous_strides(out.shape) : out.strides;
+      results.push_back(allocate(*selection.backend, out.dtype, out.shape, strides, device, stream));
       views.push_back(results.back().view);
     }
   } catch (const Error& error) {

@@ -132,7 +132,8 @@ NB_MODULE(_core, m) {
              return python::infer_call(*self.op, tensors, attrs);
            },
            nb::arg("tensors"), nb::arg("attrs"),
-           "Result (shape, dtype) pairs from per-tensor (shape, dtype[, (device type, index)]) or None, and attributes.")
+           "Result (shape, dtype, strides) triples from per-tensor (shape, dtype[, (device type, index)[, strides]]) "
+           "or None, and attributes: the strides a call would allocate its results with.")
       .def("attr",
            [](const PyOp& self, const std::string& name, nb::handle value) {
              const auto& args = self.op->schema().args;
@@ -169,6 +170,8 @@ NB_MODULE(_core, m) {
                    "How torch.autocast casts the op's floating tensor arguments: none, lower_precision, fp32, promote.")
       .def_prop_ro("leading_dim_args", [](const PyOp& self) { return self.op->leading_dim_args(); },
                    "Tensor arguments whose leading dimensions the op maps over (see OpDef).")
+      .def_prop_ro("elementwise", [](const PyOp& self) { return self.op->elementwise_args(); },
+                   "Tensor arguments an elementwise op's results take their layout from (see OpDef), or [].")
       .def_prop_ro("validates", [](const PyOp& self) { return self.op->validated_args(); },
                    "Tensor arguments whose values the kernels check, so they run even for empty results (see OpDef).")
       .def_prop_ro("kernels", [](const PyOp& self) { return op_kernels(*self.op); })

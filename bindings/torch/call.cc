@@ -290,7 +290,7 @@ void run_boxed(const OpDef& op, StableIValue* stack, uint64_t num_args, uint64_t
   std::vector<OwnedTensor> outputs;
   std::vector<TensorView> views;
   for (const OutputSpec& spec : results) {
-    TensorView view{nullptr, spec.dtype, device, spec.shape, contiguous_strides(spec.shape)};
+    TensorView view{nullptr, spec.dtype, device, spec.shape, spec.strides};
     try {
       outputs.emplace_back(device.type == DeviceType::cpu && view.nbytes() >= kBackendAllocationBytes
                                ? from_backend_memory(*selection.backend, view, torch_device)

@@ -62,7 +62,7 @@ constexpr int64_t kReleaseGilElements = 16384;
 
 at::Tensor allocate(Backend& backend, const TensorView& view) {
   const auto options = at::TensorOptions().dtype(scalar_type_of(view.dtype)).device(at::kCPU);
-  if (view.nbytes() < kBackendAllocationBytes) return at::empty(view.shape, options);
+  if (view.nbytes() < kBackendAllocationBytes) return at::empty_strided(view.shape, view.strides, options);
   void* data = backend.allocate(view.nbytes(), view.device, nullptr);
   Backend* owner = &backend;
   auto release = [owner](void* p) { owner->release(p, Device{DeviceType::cpu, 0}, nullptr); };
@@ -86,7 +86,7 @@ std::vector<at::Tensor> run_on_cpu(const OpDef& op, const OpInputs& inputs, bool
   outputs.reserve(results.size());
   views.reserve(results.size());
   for (const OutputSpec& spec : results) {
-    TensorView view{nullptr, spec.dtype, Device{DeviceType::cpu, 0}, spec.shape, contiguous_strides(spec.shape)};
+    TensorView view{nullptr, spec.dtype, Device{DeviceType::cpu, 0}, spec.shape, spec.strides};
     try {
       outputs.push_back(allocate(*selection.backend, view));
     } catch (const std::exception& error) {  // opforge's Error or torch's c10::Error

@@ -39,10 +39,13 @@ struct OpInputs {
   std::vector<AttrValue> attrs;
 };
 
-// What the shape rule says about one result; results are allocated contiguous.
+// What the shape rule says about one result. `strides` (elements) is the layout adapters
+// allocate it with: infer_outputs fills it, row-major unless the op is elementwise (OpDef::
+// elementwise), and shape rules leave it empty.
 struct OutputSpec {
   DType dtype;
   std::vector<int64_t> shape;
+  std::vector<int64_t> strides = {};
 };
 using Outputs = std::vector<OutputSpec>;
 
@@ -154,6 +157,13 @@ class OpDef {
   // when every result is empty, except while one of these has elements: a bad value is then
   // still an error (scatter_add with dim_size=0), and the kernels return after their check.
   OpDef& validates(std::vector<std::string> args);
+  // Each element of the results depends only on the elements of `args` at its own (broadcast)
+  // index, and the results have the broadcast shape of `args`. The results then take their
+  // inputs' layout, as torch's elementwise ops and NumPy's ufuncs (order='K') give theirs: a
+  // transposed input gives a transposed result, a channels-last one a channels-last result
+  // (opforge/layout.h has the rule). Kernels still see contiguous results: run_kernel hands
+  // them every view with the dimensions reordered to the results' memory order.
+  OpDef& elementwise(std::vector<std::string> args);
 
   const std::string& name() const { return schema_.name; }
   const Schema& schema() const { return schema_; }
@@ -169,6 +179,7 @@ class OpDef {
   const std::vector<std::string>& leading_dim_args() const { return leading_dim_args_; }
   const std::vector<std::string>& shape_only_args() const { return shape_only_; }
   const std::vector<std::string>& validated_args() const { return validated_; }
+  const std::vector<std::string>& elementwise_args() const { return elementwise_; }
   AutocastPolicy autocast_policy() const { return autocast_; }
 
   // Slot of schema argument `arg` among the tensors or among the attributes; -1 if absent.
@@ -193,6 +204,7 @@ class OpDef {
   std::vector<std::string> leading_dim_args_;
   std::vector<std::string> shape_only_;
   std::vector<std::string> validated_;
+  std::vector<std::string> elementwise_;
   AutocastPolicy autocast_ = AutocastPolicy::none;
   int64_t output_mask_slot_ = -1;  // attribute slot of `int output_mask=-1`, or -1
 };

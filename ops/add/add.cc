@@ -11,6 +11,7 @@ OPFORGE_OP(add) {
       .backward("add_backward", {"x", "y"})
       .identity_gradient({"x", "y"})  // where an operand does not broadcast
       .maps_over_leading_dims({"x", "y"})
+      .elementwise({"x", "y"})
       .autocast(opforge::AutocastPolicy::promote)
       .shape([](const opforge::ShapeContext& c) {
         return opforge::Outputs{{c.tensor("x").dtype, c.broadcast("x", "y")}};

@@ -10,5 +10,6 @@ OPFORGE_OP(add_one) {
       .backward("add_one_backward", {"x"})
       .identity_gradient({"x"})
       .maps_over_leading_dims({"x"})
+      .elementwise({"x"})
       .shape([](const opforge::ShapeContext& c) { return opforge::Outputs{c.like("x")}; });
 }

@@ -7,5 +7,6 @@ OPFORGE_OP(add_one_backward) {
       .doc("Gradient of add_one: returns a copy of grad (the cotangent of add_one's result).")
       .dtypes("grad", opforge::float_dtypes())
       .maps_over_leading_dims({"grad"})
+      .elementwise({"grad"})
       .shape([](const opforge::ShapeContext& c) { return opforge::Outputs{c.like("grad")}; });
 }

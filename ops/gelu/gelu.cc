@@ -10,6 +10,7 @@ OPFORGE_OP(gelu) {
       .dtypes("x", opforge::float_dtypes())
       .backward("gelu_backward", {"x"})
       .maps_over_leading_dims({"x"})
+      .elementwise({"x"})
       .shape([](const opforge::ShapeContext& c) {
         const std::string& approximate = c.attr_str("approximate");
         if (approximate != "none" && approximate != "tanh")

@@ -10,6 +10,7 @@ OPFORGE_OP(gelu_backward) {
       .dtypes("grad", opforge::float_dtypes())
       .same_dtype("x", "grad")
       .maps_over_leading_dims({"grad", "x"})
+      .elementwise({"grad", "x"})
       .shape([](const opforge::ShapeContext& c) {
         const std::string& approximate = c.attr_str("approximate");
         if (approximate != "none" && approximate != "tanh")

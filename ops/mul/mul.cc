@@ -11,6 +11,7 @@ OPFORGE_OP(mul) {
       .same_dtype("y", "x")
       .backward("mul_backward", {"x", "y"})
       .maps_over_leading_dims({"x", "y"})
+      .elementwise({"x", "y"})
       .autocast(opforge::AutocastPolicy::promote)
       .shape([](const opforge::ShapeContext& c) {
         return opforge::Outputs{{c.tensor("x").dtype, c.broadcast("x", "y")}};

@@ -12,6 +12,7 @@ OPFORGE_OP(relu_backward) {
       .dtypes("grad", opforge::float_dtypes())
       .same_dtype("result", "grad")
       .maps_over_leading_dims({"grad", "result"})
+      .elementwise({"grad", "result"})
       .shape([](const opforge::ShapeContext& c) {
         return opforge::Outputs{{c.tensor("grad").dtype, c.broadcast("grad", "result")}};
       });

@@ -7,5 +7,6 @@ OPFORGE_OP(silu) {
       .dtypes("x", opforge::float_dtypes())
       .backward("silu_backward", {"x"})
       .maps_over_leading_dims({"x"})
+      .elementwise({"x"})
       .shape([](const opforge::ShapeContext& c) { return opforge::Outputs{c.like("x")}; });
 }

@@ -8,6 +8,7 @@ OPFORGE_OP(silu_backward) {
       .dtypes("grad", opforge::float_dtypes())
       .same_dtype("x", "grad")
       .maps_over_leading_dims({"grad", "x"})
+      .elementwise({"grad", "x"})
       .shape([](const opforge::ShapeContext& c) {
         return opforge::Outputs{{c.tensor("grad").dtype, c.broadcast("grad", "x")}};
       });

@@ -78,15 +78,16 @@ def ops() -> list[dict]:
     """Every registered op: name, schema, doc, per-argument dtypes, kernels per backend, its
     backward op and differentiable inputs (or None), its saving forward (or None), the inputs
     whose gradient is the cotangent itself where they do not broadcast (identity_gradient) and
-    the tensor arguments it reads only the shape of (shape_only) and how torch.autocast casts
-    its floating inputs (autocast: none, lower_precision, fp32, promote)."""
+    the tensor arguments it reads only the shape of (shape_only), how torch.autocast casts
+    its floating inputs (autocast: none, lower_precision, fp32, promote) and, for elementwise
+    ops, the arguments whose layout (a transpose, channels-last) the results keep (elementwise)."""
     out = []
     for name in _core.op_names():
         op = _core.op(name)
         out.append({"name": name, "schema": op.schema, "doc": op.doc, "args": op.args,
                     "kernels": op.kernels, "backward": op.backward, "saving_forward": op.saving_forward,
                     "identity_gradient": op.identity_gradient, "shape_only": op.shape_only,
-                    "autocast": op.autocast})
+                    "autocast": op.autocast, "elementwise": op.elementwise})
     return out
 
 

@@ -111,7 +111,7 @@ def _ffi(op: _Op, names: tuple[str, ...], present, attrs: dict):
                 "need concrete sizes (jax.export with symbolic shapes is not supported: export per shape)")
     metas = [(tuple(by_name[n].shape), str(jnp.dtype(by_name[n].dtype))) if n in by_name else None
              for n in op.tensor_names]
-    results = [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape, dtype in op.core.infer(metas, attrs)]
+    results = [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape, dtype, _ in op.core.infer(metas, attrs)]
     mask = sum(1 << i for i, n in enumerate(op.tensor_names) if n in by_name)
     # Results without elements would let XLA drop the call, and with it the check of an argument the
     # op validates (an index's range): marked as having a side effect, the call runs.

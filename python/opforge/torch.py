@@ -179,7 +179,7 @@ def _symbolic(shapes, symbols: dict, infer_scaled):
     """
     probe = {h: h * p for h, p in zip(symbols, _PROBE)}
     try:
-        probed = [shape for shape, _ in infer_scaled(probe)] if len(probe) == len(symbols) else None
+        probed = [shape for shape, *_ in infer_scaled(probe)] if len(probe) == len(symbols) else None
     except (TypeError, ValueError, NotImplementedError, RuntimeError):
         probed = None
     out = []
@@ -199,14 +199,43 @@ def _symbolic(shapes, symbols: dict, infer_scaled):
     return out
 
 
+def _empty_like_layout(shape, dtype, strides, like):
+    """An empty result of `shape` (ints or SymInts) whose dimensions lie in memory in the order of
+    `strides` (the real kernel's, dense, for the sizes' hints), on `like`'s device.
+
+    Only the order is taken from the hints: a stride order comes from the inputs' own (a
+    transpose, a permute in the graph), not from their sizes' values once sizes 0 and 1 are
+    specialized, as torch.compile does, so it holds for every size the graph is reused for."""
+    device = like.device if like is not None else None
+    if list(strides) == _row_major(_hint(s) for s in shape):
+        return like.new_empty(shape, dtype=dtype) if like is not None else torch.empty(shape, dtype=dtype)
+    # Innermost first; of two dimensions with one stride the size-1 one lies inside (the real
+    # strides are products of the sizes inside), so these products give the same strides.
+    inner_first = sorted(range(len(shape)), key=lambda d: (strides[d], _hint(shape[d]) != 1))
+    out, step = [0] * len(shape), 1
+    for d in inner_first:
+        out[d], step = step, step * shape[d]
+    return torch.empty_strided(shape, out, dtype=dtype, device=device)
+
+
+def _row_major(shape) -> list[int]:
+    out, step = [], 1
+    for s in reversed(list(shape)):
+        out.append(step)
+        step *= s
+    return out[::-1]
+
+
 def _fake_kernel(op: _Op):
     """The op's fake (and meta) kernel: the C++ validator and shape rule on the tensors' metadata,
-    results contiguous on the inputs' device like the real kernel's."""
+    results on the inputs' device laid out as the real kernel's (row-major, or for elementwise
+    ops the inputs' layout, from the strides' hints: opforge/layout.h)."""
 
     def infer(tensors, attrs, size):
         # Devices opforge has no kernels for (meta) are not compared.
         metas = [None if t is None else (tuple(size(s) for s in t.shape), _DTYPE_NAMES[t.dtype],
-                                          (t.device.type, t.device.index or 0) if t.device.type in ("cpu", "cuda") else None)
+                                          (t.device.type, t.device.index or 0) if t.device.type in ("cpu", "cuda") else None,
+                                          tuple(_hint(s) for s in t.stride()))
                  for t in tensors]
         return _core.op(op.name).infer(metas, attrs)
 
@@ -226,7 +255,7 @@ def _fake_kernel(op: _Op):
                                    "all tensors must be on one device")
         attrs = {n: values[n] for n in op.attr_names}
         results = infer(tensors, attrs, _hint)
-        shapes = [shape for shape, _ in results]
+        shapes = [shape for shape, *_ in results]
         symbols = {}  # hint -> the first SymInt with that hint
         for s in (s for t in tensors if t is not None for s in t.shape if isinstance(s, torch.SymInt)):
             if s != symbols.setdefault(_hint(s), s):  # a guard, true now: sizes sharing a hint stay equal
@@ -235,8 +264,8 @@ def _fake_kernel(op: _Op):
             shapes = _symbolic(shapes, symbols, lambda probe: infer(
                 tensors, attrs, lambda s: probe[_hint(s)] if isinstance(s, torch.SymInt) else s))
         present = [t for t in tensors if t is not None]
-        outs = [present[0].new_empty(shape, dtype=_DTYPES[dtype]) if present else torch.empty(shape, dtype=_DTYPES[dtype])
-                for shape, (_, dtype) in zip(shapes, results)]
+        outs = [_empty_like_layout(shape, _DTYPES[dtype], strides, present[0] if present else None)
+                for shape, (_, dtype, strides) in zip(shapes, results)]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return fake

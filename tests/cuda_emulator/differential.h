@@ -228,7 +228,7 @@ inline Outcome run_on(const std::string& backend, const std::string& name, const
       int64_t n = 1;
       for (int64_t s : spec.shape) n *= s;
       out.results.emplace_back(size_t(n * dtype_size(spec.dtype)), 0xff);
-      views.push_back(testing::view(place(out.results.back()), spec.dtype, spec.shape, {}, device));
+      views.push_back(testing::view(place(out.results.back()), spec.dtype, spec.shape, spec.strides, device));
     }
     run_kernel(op, select_kernel(op, in), in, views, emulated ? kCallerStream : nullptr, emulated ? scratch : nullptr);
     if (const std::string k = cuda_emu::take_unchecked_launch(); !k.empty())

@@ -44,6 +44,25 @@ def backward_values(forward, args, attrs, rng):
     return {**dict(zip(tensor_names(forward), args)), **values, "result": result, "grad": grad}
 
 
+def significant(t) -> tuple:
+    """A tensor's strides where they mean something: dimensions longer than 1."""
+    return tuple(s for s, n in zip(t.stride(), t.shape) if n > 1)
+
+
+def torch_strides(name, tensors) -> tuple:
+    """The strides (on dimensions longer than 1) torch gives the result of its own elementwise ops
+    on these operands (torch._prims_common's rule, TensorIterator's), which an elementwise
+    opforge op's result must have; row-major strides for any other op."""
+    import torch._prims_common as prims
+
+    operands = [t for t, n in zip(tensors, tensor_names(name)) if n in CORE[name].elementwise]
+    if not operands:
+        return None
+    expanded = torch.broadcast_tensors(*operands)
+    strides = prims.compute_elementwise_output_strides(*expanded)
+    return tuple(s for s, n in zip(strides, expanded[0].shape) if n > 1)
+
+
 def sample(name, rng, dtype, rows=5, cols=33, grad=False, device="cpu"):
     """(tensors in schema order, attrs) for `name` in `dtype` on `device`; with grad, the
     declared differentiable inputs require grad."""

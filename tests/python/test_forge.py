@@ -584,3 +584,10 @@ def test_an_error_on_a_side_stream_is_the_devices():
     with pytest.raises(RuntimeError, match=failed):
         torch.ones(1, device="forge").cpu()  # a blocking copy on the default stream
 
+
+def test_elementwise_results_keep_the_layout():
+    """An elementwise op on a permuted forge tensor: a result with torch's strides for it."""
+    x = torch.randn(3, 4, 5, dtype=torch.float64).permute(2, 0, 1)
+    got = torch.ops.opforge.relu(x.to("forge"))
+    assert got.device.type == "forge" and got.stride() == torch.relu(x).stride() != (12, 4, 1)
+    torch.testing.assert_close(got.cpu(), torch.relu(x))

@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import opforge.torch as ot  # noqa: E402
 from opforge.testing import FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, strided, torch_ops_dispatched  # noqa: E402
-from op_samples import CORE, OPS, WITH_REFERENCE, dtypes, reference, sample  # noqa: E402
+from op_samples import CORE, OPS, WITH_REFERENCE, dtypes, reference, sample, significant, torch_strides  # noqa: E402
 
 DIFFERENTIABLE = [n for n in OPS if CORE[n].backward]
 ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -171,7 +171,9 @@ def test_strided_inputs_match_reference(name, kind, dtype, rng):
             assert got.is_contiguous() and got.numpy().dtype == want.dtype
             np.testing.assert_array_equal(got.numpy(), want)
             continue
-        assert got.is_contiguous() and got.dtype == getattr(torch, dtype)
+        # Row-major, or an elementwise op's inputs' layout (tests/python/test_layout.py)
+        assert got.is_contiguous() if not CORE[name].elementwise else significant(got) == torch_strides(name, views)
+        assert got.dtype == getattr(torch, dtype)
         rtol, atol = TOLERANCES[dtype]
         np.testing.assert_allclose(got.double().numpy(), want, rtol=rtol, atol=atol)
 
@@ -304,12 +306,15 @@ def test_cuda_on_current_stream_and_device_mismatch(rng):
         ot.add(x, w.cpu())
 
 
-def test_fake_results_are_contiguous_like_real_ones(rng):
+def test_fake_results_are_laid_out_like_real_ones(rng):
+    """Row-major for a row op (softmax) on a transposed input, the input's layout for an
+    elementwise one (add_one): FakeTensorMode, outside opcheck."""
     x = torch.randn(8, 6).t()  # non-contiguous input
-    with FakeTensorMode() as mode:
-        fake = torch.ops.opforge.add_one(mode.from_tensor(x))
-    real = torch.ops.opforge.add_one(x)
-    assert fake.shape == real.shape and fake.stride() == real.stride() == (8, 1)
+    for op, want in ((torch.ops.opforge.softmax, (8, 1)), (torch.ops.opforge.add_one, (1, 6))):
+        with FakeTensorMode() as mode:
+            fake = op(mode.from_tensor(x))
+        real = op(x)
+        assert fake.shape == real.shape and fake.stride() == real.stride() == want
 
 
 def test_adapter_imports_no_unstable_torch_symbols():
