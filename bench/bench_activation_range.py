@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 import common
-import opforge
 import opforge.torch  # noqa: F401  (registers torch.ops.opforge)
 
 OPS = {  # name: (opforge, torch), each f(x, g)
@@ -40,13 +39,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--scales", default="1,4,8,22")
     parser.add_argument("--n", type=int, default=1 << 22)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    threads = opforge.num_threads()
-    torch.set_num_threads(threads)
-    print(f"{common.machine()}; opforge {opforge.__version__} ({opforge.simd_target()}), torch {torch.__version__}, "
-          f"{threads} threads each; float32, {args.n} elements")
+    args, _ = common.start_against_torch(parser, lambda a: f"float32, {a.n} elements")
     rng = np.random.default_rng(0)
     scales = [float(s) for s in args.scales.split(",")]
     inputs = {s: torch.from_numpy((rng.standard_normal(args.n) * s).astype(np.float32)) for s in scales}

@@ -10,7 +10,8 @@ opforge's results were row-major: a unary op on a transposed input wrote across 
 measured against.
 
 float32, n x n elements (16 MiB at the default: past L2), channels-last as [2, 64, n/16, n/8]
-(a [2, n/16, n/8, 64] tensor permuted (0, 3, 1, 2)), the same element count. opforge's thread count for both libraries.
+(a [2, n/16, n/8, 64] tensor permuted (0, 3, 1, 2)), the same element count. opforge's thread
+count for both libraries.
 Medians of `--repeats` calls, then the median over `--rounds` sweeps. ms per call; speedup =
 torch's time / opforge's (> 1: opforge faster). Writes bench/results/layouts_cpu.csv and .png.
 """
@@ -21,7 +22,6 @@ import statistics
 import torch
 
 import common
-import opforge
 import opforge.torch  # noqa: F401  (registers torch.ops.opforge)
 
 ops = torch.ops.opforge
@@ -53,13 +53,7 @@ def cases(n: int):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    threads = opforge.num_threads()
-    torch.set_num_threads(threads)
-    print(f"{common.machine()}; opforge {opforge.__version__} ({opforge.simd_target()}), torch {torch.__version__}, "
-          f"{threads} threads each; float32, {args.n} x {args.n} elements")
+    args, _ = common.start_against_torch(parser, lambda a: f"float32, {a.n} x {a.n} elements")
     torch.manual_seed(0)
     runs = cases(args.n)
     for label, ours, theirs in runs:  # same values and layout as torch's, before anything is timed

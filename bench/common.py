@@ -115,6 +115,23 @@ def sweep(cases, threads: int, repeats: int, rounds: int):
     return rows, peak
 
 
+def start_against_torch(parser, inputs) -> tuple:
+    """For a program timing opforge against torch eager: adds --repeats and --rounds to `parser`,
+    parses it, gives torch opforge's thread count and prints what runs where (`inputs(args)`
+    describes the data). Returns the arguments and the thread count."""
+    import opforge
+    import torch
+
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    threads = opforge.num_threads()
+    torch.set_num_threads(threads)
+    print(f"{machine()}; opforge {opforge.__version__} ({opforge.simd_target()}), torch {torch.__version__}, "
+          f"{threads} threads each; {inputs(args)}")
+    return args, threads
+
+
 def sweep_arguments(doc: str, default_ops: list[str]):
     """The command line of a sweep program (--ops, --sizes, --repeats, --threads, --no-compile,
     --rounds), parsed."""
