@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "opforge/cpu/exp-inl.h"
 #include "opforge/cpu/piecewise-inl.h"
@@ -294,6 +295,12 @@ HWY_INLINE void MapUnary(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, int64_t s
     }
     for (; i + lanes <= n; i += lanes) StoreAs(d, op(d, LoadAs(d, a + i)), out + i);
   }
+  if constexpr (std::is_same_v<T, C>) {  // a strided row (a slice's), float or double
+    if (sa != 1 && StridedRow<decltype(d)>::Takes(d, sa)) {
+      const StridedRow<decltype(d)> row(d, a, sa);
+      for (; row.Has(i, n); i += lanes) StoreAs(d, op(d, row.Load(i)), out + i);
+    }
+  }
   HWY_ALIGN C buf[HWY_MAX_BYTES / sizeof(C)];
   for (; i < n; i += lanes) {
     const int64_t k = std::min(lanes, n - i);
@@ -319,6 +326,13 @@ HWY_INLINE void MapBinary(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, int64_t 
       StoreAs(d, v1, out + i + lanes);
     }
     for (; i + lanes <= n; i += lanes) StoreAs(d, op(d, LoadAs(d, a + i), LoadAs(d, b + i)), out + i);
+  }
+  if constexpr (std::is_same_v<T, C>) {  // strided or broadcast rows, float or double
+    using Row = StridedRow<decltype(d)>;
+    if ((sa != 1 || sb != 1) && Row::Takes(d, sa) && Row::Takes(d, sb)) {
+      const Row ra(d, a, sa), rb(d, b, sb);
+      for (; ra.Has(i, n) && rb.Has(i, n); i += lanes) StoreAs(d, op(d, ra.Load(i), rb.Load(i)), out + i);
+    }
   }
   HWY_ALIGN C buf_a[HWY_MAX_BYTES / sizeof(C)];
   HWY_ALIGN C buf_b[HWY_MAX_BYTES / sizeof(C)];
