@@ -42,19 +42,7 @@ class PageEnd {
   size_t span_;
 };
 
-class StridedRows : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    set_simd_target(GetParam());
-    saved_threads_ = num_threads();
-    set_num_threads(1);
-  }
-  void TearDown() override {
-    set_simd_target("");
-    set_num_threads(saved_threads_);
-  }
-  int64_t saved_threads_ = 1;
-};
+class StridedRows : public testing::OnEachTargetOneThread {};
 
 // Row-major values of `op` on n values per input, input k read as a row with strides[k] whose
 // last element ends at a page (reversed rows start there) and as a contiguous copy.

@@ -39,19 +39,7 @@ std::vector<float> hard_inputs(int64_t n, uint32_t seed) {
   return x;
 }
 
-class NoSubnormals : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    set_simd_target(GetParam());
-    saved_threads_ = num_threads();
-    set_num_threads(1);
-  }
-  void TearDown() override {
-    set_simd_target("");
-    set_num_threads(saved_threads_);
-  }
-  int64_t saved_threads_ = 1;
-};
+class NoSubnormals : public testing::OnEachTargetOneThread {};
 
 constexpr unsigned kDenormalOperand = 1u << 1, kUnderflow = 1u << 4;
 

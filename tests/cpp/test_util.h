@@ -18,10 +18,31 @@
 #include "opforge/backend.h"
 #include "opforge/dispatch.h"
 #include "opforge/error.h"
+#include "opforge/parallel.h"
 #include "opforge/registry.h"
+#include "opforge/simd.h"
 #include "opforge/tensor.h"
 
 namespace opforge::testing {
+
+// A test run once per SIMD target (its parameter; instantiate with
+// ::testing::ValuesIn(simd_targets_supported())) on one thread: the kernels run on the test's
+// thread, so its floating-point flags and the target it pinned are theirs.
+class OnEachTargetOneThread : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    set_simd_target(GetParam());
+    saved_threads_ = num_threads();
+    set_num_threads(1);
+  }
+  void TearDown() override {
+    set_simd_target("");
+    set_num_threads(saved_threads_);
+  }
+
+ private:
+  int64_t saved_threads_ = 1;
+};
 
 // Offset of row-major linear index `linear` over `shape` for `strides`, by unravelling.
 inline int64_t naive_offset(int64_t linear, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
