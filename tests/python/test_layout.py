@@ -75,6 +75,20 @@ def test_torch_results_keep_the_inputs_layout(name, rng):
             torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=1e-6)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", [n for n in ELEMENTWISE if n in WITH_REFERENCE])
+def test_cuda_results_keep_the_inputs_layout(name, rng):
+    """The CUDA kernels on views reordered to the result's layout (run_kernel), float32 on torch
+    CUDA tensors, against the float64 reference on the CPU."""
+    base, attrs = sample3(name, rng)
+    for order in layouts(3):
+        tensors = [t.cuda() for t in permuted(rng, base, order)]
+        got = getattr(ot, name)(*tensors, **attrs)
+        assert got.is_cuda and significant(got) == torch_strides(name, tensors), (order, got.stride())
+        torch.testing.assert_close(got.double().cpu(), expected(name, [t.cpu() for t in tensors], attrs),
+                                   rtol=2e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", ["add", "mul", "gelu_backward"])
 def test_the_first_operand_that_orders_the_dimensions_decides(name, rng):
     """As torch's x.T + y is laid out like x.T and y + x.T like y; a broadcast row decides nothing."""
