@@ -1,8 +1,9 @@
 // Elementwise ops on rows with a stride other than 1 (x[..., ::2], x[..., ::3], reversed), which
-// the CPU kernels read as whole vectors (StridedRow: stride 2 deinterleaves two loads that reach
-// one element past the vector, other strides gather): against the same op on a contiguous copy,
-// bit for bit, on every SIMD target, for every row length up to a few vectors, each input's last
-// element the last before a page the test has made unreadable, so a read past a row faults.
+// the CPU kernels read as whole vectors (StridedRow: stride 2 deinterleaves loads that reach one
+// element past the vector, other strides gather): against the same op on a contiguous copy, bit
+// for bit, in every float dtype on every SIMD target, for every row length up to a few vectors,
+// each input's last element the last before a page the test has made unreadable, so a read past a
+// row faults.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -10,10 +11,10 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
-#include "opforge/parallel.h"
-#include "opforge/simd.h"
+#include "opforge/half.h"
 #include "test_util.h"
 
 namespace opforge {
@@ -46,10 +47,24 @@ class StridedRows : public testing::OnEachTargetOneThread {};
 
 // Row-major values of `op` on n values per input, input k read as a row with strides[k] whose
 // last element ends at a page (reversed rows start there) and as a contiguous copy.
+double as_double(float v) { return v; }
+double as_double(double v) { return v; }
+double as_double(float16 v) { return to_float(v); }
+double as_double(bfloat16 v) { return to_float(v); }
+template <typename T>
+T from_double(double v) {
+  if constexpr (std::is_same_v<T, float16>) return to_float16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, bfloat16>) return to_bfloat16(static_cast<float>(v));
+  else return static_cast<T>(v);
+}
+
 template <typename T>
 void expect_strided_equals_contiguous(const std::string& op, int inputs, int64_t n, std::vector<int64_t> strides,
                                       std::mt19937& rng) {
-  const DType dtype = sizeof(T) == 4 ? DType::float32 : DType::float64;
+  const DType dtype = std::is_same_v<T, float>      ? DType::float32
+                      : std::is_same_v<T, double>   ? DType::float64
+                      : std::is_same_v<T, float16> ? DType::float16
+                                                    : DType::bfloat16;
   std::vector<std::unique_ptr<PageEnd>> pages;
   std::vector<std::vector<T>> copies(inputs, std::vector<T>(n));
   OpInputs strided, contiguous;
@@ -57,7 +72,7 @@ void expect_strided_equals_contiguous(const std::string& op, int inputs, int64_t
     const int64_t stride = strides[k], span = (n - 1) * (stride < 0 ? -stride : stride) + 1;
     pages.push_back(std::make_unique<PageEnd>(span * sizeof(T)));
     T* p = static_cast<T*>(pages.back()->data());
-    for (int64_t e = 0; e < span; ++e) p[e] = static_cast<T>(std::normal_distribution<double>(0, 2)(rng));
+    for (int64_t e = 0; e < span; ++e) p[e] = from_double<T>(std::normal_distribution<double>(0, 2)(rng));
     T* first = stride < 0 ? p + span - 1 : p;
     for (int64_t i = 0; i < n; ++i) copies[k][i] = first[i * stride];
     strided.tensors.emplace_back(view(first, dtype, {n}, {stride}));
@@ -72,8 +87,8 @@ void expect_strided_equals_contiguous(const std::string& op, int inputs, int64_t
   ASSERT_EQ(got.size(), want.size());
   for (int64_t i = 0; i < n; ++i)
     ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(T)), 0)
-        << op << " n=" << n << " strides " << ::testing::PrintToString(strides) << " element " << i << ": " << got[i]
-        << " vs " << want[i];
+        << op << " n=" << n << " strides " << ::testing::PrintToString(strides) << " element " << i << ": "
+        << as_double(got[i]) << " vs " << as_double(want[i]);
 }
 
 TEST_P(StridedRows, EqualContiguousCopiesAndStayInsideTheirRows) {
@@ -88,6 +103,8 @@ TEST_P(StridedRows, EqualContiguousCopiesAndStayInsideTheirRows) {
         if (inputs == 1 && strides[0] != strides[1]) continue;
         expect_strided_equals_contiguous<float>(op, inputs, n, strides, rng);
         expect_strided_equals_contiguous<double>(op, inputs, n, strides, rng);
+        expect_strided_equals_contiguous<float16>(op, inputs, n, strides, rng);
+        expect_strided_equals_contiguous<bfloat16>(op, inputs, n, strides, rng);
       }
 }
 

@@ -295,11 +295,9 @@ HWY_INLINE void MapUnary(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, int64_t s
     }
     for (; i + lanes <= n; i += lanes) StoreAs(d, op(d, LoadAs(d, a + i)), out + i);
   }
-  if constexpr (std::is_same_v<T, C>) {  // a strided row (a slice's), float or double
-    if (sa != 1 && StridedRow<decltype(d)>::Takes(d, sa)) {
-      const StridedRow<decltype(d)> row(d, a, sa);
-      for (; row.Has(i, n); i += lanes) StoreAs(d, op(d, row.Load(i)), out + i);
-    }
+  if (sa != 1 && StridedRow<decltype(d), T>::Takes(d, sa)) {  // a strided row (a slice's)
+    const StridedRow<decltype(d), T> row(d, a, sa);
+    for (; row.Has(i, n); i += lanes) StoreAs(d, op(d, row.Load(i)), out + i);
   }
   HWY_ALIGN C buf[HWY_MAX_BYTES / sizeof(C)];
   for (; i < n; i += lanes) {
@@ -327,12 +325,10 @@ HWY_INLINE void MapBinary(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, int64_t 
     }
     for (; i + lanes <= n; i += lanes) StoreAs(d, op(d, LoadAs(d, a + i), LoadAs(d, b + i)), out + i);
   }
-  if constexpr (std::is_same_v<T, C>) {  // strided or broadcast rows, float or double
-    using Row = StridedRow<decltype(d)>;
-    if ((sa != 1 || sb != 1) && Row::Takes(d, sa) && Row::Takes(d, sb)) {
-      const Row ra(d, a, sa), rb(d, b, sb);
-      for (; ra.Has(i, n) && rb.Has(i, n); i += lanes) StoreAs(d, op(d, ra.Load(i), rb.Load(i)), out + i);
-    }
+  using Row = StridedRow<decltype(d), T>;
+  if ((sa != 1 || sb != 1) && Row::Takes(d, sa) && Row::Takes(d, sb)) {  // strided or broadcast rows
+    const Row ra(d, a, sa), rb(d, b, sb);
+    for (; ra.Has(i, n) && rb.Has(i, n); i += lanes) StoreAs(d, op(d, ra.Load(i), rb.Load(i)), out + i);
   }
   HWY_ALIGN C buf_a[HWY_MAX_BYTES / sizeof(C)];
   HWY_ALIGN C buf_b[HWY_MAX_BYTES / sizeof(C)];

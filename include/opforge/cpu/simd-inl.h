@@ -89,40 +89,58 @@ HWY_INLINE void StoreAs(D d, hn::Vec<D> v, T* HWY_RESTRICT p) {
   }
 }
 
-// Vectors of a float or double row with stride s (lane j of the vector at element i: p[(i + j) * s]).
-// Stride 2 (x[..., ::2], one of interleaved pairs) deinterleaves two plain loads; strides 1 and 0
-// load and broadcast; others gather. Copying lanes through a buffer stalled each vector load on its lane stores, and AMD's
-// gathers take ~20 cycles a vector: [:, ::2] slices ran at 0.4-0.5 ns per element, 3-6x their
-// contiguous time.
-template <class D>
+// Vectors (tag D, over Compute<T>) of a row of T with stride s: lane j of the vector at element i
+// is p[(i + j) * s]. Stride 2 (x[..., ::2], one of interleaved pairs) deinterleaves plain loads;
+// strides 1 and 0 load and broadcast (the other operand of a binary op's strided row); others
+// gather (not the half types, which take stride 2, 1 and 0 only). Copying lanes through a
+// buffer stalled each vector load on its lane stores, and AMD's gathers take ~20 cycles a
+// vector: [:, ::2] slices ran at 0.4-0.5 ns per element, 3-6x their contiguous time.
+template <class D, typename T = hn::TFromD<D>>
 class StridedRow {
-  using T = hn::TFromD<D>;
   using DI = hn::RebindToSigned<D>;
+  static constexpr bool kWide = std::is_same_v<T, hn::TFromD<D>>;  // no conversion on load
+  // Half types deinterleave as 16-bit lanes, then widen (f16 where conversion is exact).
+  static constexpr bool kPairs =
+      HWY_TARGET != HWY_SCALAR && (kWide || std::is_same_v<T, hwy::bfloat16_t> || kExactF16);
 
  public:
   // Whether rows of stride s can be read so: gather offsets within the index lanes' range.
   static bool Takes(D d, int64_t s) {
+    if (s == 1 || s == 0) return true;
+    if (s == 2 && kPairs) return true;
     const int64_t most = static_cast<int64_t>(hn::Lanes(d)) * (s < 0 ? -s : s);
-    return most < static_cast<int64_t>(std::numeric_limits<hn::TFromD<DI>>::max() / 2);
+    return kWide && most < static_cast<int64_t>(std::numeric_limits<hn::TFromD<DI>>::max() / 2);
   }
   StridedRow(D d, const T* p, int64_t s) : d_(d), p_(p), s_(s) {
-    HWY_ALIGN hn::TFromD<DI> at[HWY_MAX_BYTES / sizeof(T)];
+    HWY_ALIGN hn::TFromD<DI> at[HWY_MAX_BYTES / sizeof(hn::TFromD<DI>)];
     for (size_t j = 0; j < hn::Lanes(d); ++j) at[j] = static_cast<hn::TFromD<DI>>(static_cast<int64_t>(j) * s);
     at_ = hn::Load(DI(), at);
   }
-  // Whether the vector at element i of an n-element row loads so: stride 2's second load ends one
+  // Whether the vector at element i of an n-element row loads so: stride 2's loads end one
   // element past the vector's last, so not for the row's last vector.
   bool Has(int64_t i, int64_t n) const {
     return i + static_cast<int64_t>(hn::Lanes(d_)) + (s_ == 2 ? 1 : 0) <= n;
   }
   hn::Vec<D> Load(int64_t i) const {
     const T* p = p_ + i * s_;
-    if (s_ == 1) return hn::LoadU(d_, p);  // the other operand of a binary op's strided row
-    if (s_ == 0) return hn::Set(d_, *p);   // or a broadcast one
-#if HWY_TARGET != HWY_SCALAR
-    if (s_ == 2) return hn::ConcatEven(d_, hn::LoadU(d_, p + hn::Lanes(d_)), hn::LoadU(d_, p));
+    if (s_ == 1) return LoadAs(d_, p);
+    if (s_ == 0) return hn::Set(d_, ToCompute(*p));
+#if HWY_TARGET != HWY_SCALAR  // one lane: no ConcatEven, and kPairs is false
+    if constexpr (kPairs) {
+      if (s_ == 2) {
+        if constexpr (kWide) {
+          return hn::ConcatEven(d_, hn::LoadU(d_, p + hn::Lanes(d_)), hn::LoadU(d_, p));
+        } else {
+          const hn::Rebind<T, D> dh;
+          const hn::Twice<decltype(dh)> dw;
+          const auto both = hn::LoadU(dw, p);
+          return hn::PromoteTo(d_, hn::LowerHalf(dh, hn::ConcatEven(dw, both, both)));
+        }
+      }
+    }
 #endif
-    return hn::GatherIndex(d_, p, at_);
+    if constexpr (kWide) return hn::GatherIndex(d_, p, at_);
+    return hn::Zero(d_);  // unreachable: Takes() refused the stride
   }
 
  private:
@@ -141,11 +159,9 @@ HWY_INLINE void UnaryRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, int64_t s
   int64_t i = 0;
   if (sa == 1) {
     for (; i + lanes <= n; i += lanes) StoreAs(d, op(d, LoadAs(d, a + i)), out + i);
-  } else if constexpr (std::is_same_v<T, Compute<T>>) {
-    if (StridedRow<decltype(d)>::Takes(d, sa)) {
-      const StridedRow<decltype(d)> row(d, a, sa);
-      for (; row.Has(i, n); i += lanes) StoreAs(d, op(d, row.Load(i)), out + i);
-    }
+  } else if (StridedRow<decltype(d), T>::Takes(d, sa)) {
+    const StridedRow<decltype(d), T> row(d, a, sa);
+    for (; row.Has(i, n); i += lanes) StoreAs(d, op(d, row.Load(i)), out + i);
   }
   for (; i < n; ++i) out[i] = FromCompute<T>(op(ToCompute(a[i * sa])));
 }
@@ -167,8 +183,8 @@ HWY_INLINE void BinaryRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, int64_t 
   } else if (sa == 0 && sb == 1) {
     const auto va = hn::Set(d, ToCompute(a[0]));
     for (; i + lanes <= n; i += lanes) StoreAs(d, op(d, va, LoadAs(d, b + i)), out + i);
-  } else if constexpr (std::is_same_v<T, Compute<T>>) {  // a strided row (a slice's)
-    using Row = StridedRow<decltype(d)>;
+  } else {  // a strided row (a slice's)
+    using Row = StridedRow<decltype(d), T>;
     if (Row::Takes(d, sa) && Row::Takes(d, sb)) {
       const Row ra(d, a, sa), rb(d, b, sb);
       for (; ra.Has(i, n) && rb.Has(i, n); i += lanes) StoreAs(d, op(d, ra.Load(i), rb.Load(i)), out + i);
