@@ -39,7 +39,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--scales", default="1,4,8,22")
     parser.add_argument("--n", type=int, default=1 << 22)
-    args, _ = common.start_against_torch(parser, lambda a: f"float32, {a.n} elements")
+    args = common.start_against_torch(parser, lambda a: f"float32, {a.n} elements")
     rng = np.random.default_rng(0)
     scales = [float(s) for s in args.scales.split(",")]
     inputs = {s: torch.from_numpy((rng.standard_normal(args.n) * s).astype(np.float32)) for s in scales}

@@ -56,7 +56,7 @@ def cases(n: int):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=2048)
-    args, _ = common.start_against_torch(parser, lambda a: f"float32, {a.n} x {a.n} elements")
+    args = common.start_against_torch(parser, lambda a: f"float32, {a.n} x {a.n} elements")
     torch.manual_seed(0)
     runs = cases(args.n)
     for label, ours, theirs in runs:  # torch's values, before anything is timed; its layout, since 2026-11-27

@@ -115,10 +115,10 @@ def sweep(cases, threads: int, repeats: int, rounds: int):
     return rows, peak
 
 
-def start_against_torch(parser, inputs) -> tuple:
+def start_against_torch(parser, inputs):
     """For a program timing opforge against torch eager: adds --repeats and --rounds to `parser`,
     parses it, gives torch opforge's thread count and prints what runs where (`inputs(args)`
-    describes the data). Returns the arguments and the thread count."""
+    describes the data). Returns the arguments."""
     import opforge
     import torch
 
@@ -129,7 +129,7 @@ def start_against_torch(parser, inputs) -> tuple:
     torch.set_num_threads(threads)
     print(f"{machine()}; opforge {opforge.__version__} ({opforge.simd_target()}), torch {torch.__version__}, "
           f"{threads} threads each; {inputs(args)}")
-    return args, threads
+    return args
 
 
 def sweep_arguments(doc: str, default_ops: list[str]):

@@ -26,7 +26,10 @@ std::vector<int64_t> elementwise_result_strides(std::span<const TensorView* cons
   const size_t n = shape.size();
   int64_t numel = 1;
   for (int64_t s : shape) numel *= s;
-  if (n < 2 || numel == 0) return contiguous_strides(shape);
+  // Row-major operands (broadcast or not) order every pair row-major: the common call skips the sort.
+  bool row_major = true;
+  for (const TensorView* t : operands) row_major = row_major && (!t || t->is_contiguous());
+  if (n < 2 || numel == 0 || row_major) return contiguous_strides(shape);
   for (const TensorView* t : operands)
     if (t && t->shape.size() > n) return contiguous_strides(shape);  // not this result's operand
   std::vector<std::vector<int64_t>> strides;
@@ -71,8 +74,7 @@ std::vector<int64_t> elementwise_result_strides(std::span<const TensorView* cons
   return out;
 }
 
-bool reorder_to_result_layout(const OpDef& op, OpInputs& inputs, std::vector<TensorView>& outputs) {
-  if (op.elementwise_args().empty() || outputs.empty() || outputs.front().is_contiguous()) return false;
+void reorder_to_result_layout(const OpDef& op, OpInputs& inputs, std::vector<TensorView>& outputs) {
   const std::vector<int64_t> shape = outputs.front().shape;
   const std::vector<int64_t> result_strides = outputs.front().strides;
   const size_t n = shape.size();
@@ -106,7 +108,6 @@ bool reorder_to_result_layout(const OpDef& op, OpInputs& inputs, std::vector<Ten
       if (d < lead || t->shape[d - lead] == 1) sizes[d] = 1;
     permuted(sizes, steps, *t);
   }
-  return true;
 }
 
 }  // namespace opforge

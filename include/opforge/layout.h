@@ -22,11 +22,11 @@ namespace opforge {
 std::vector<int64_t> elementwise_result_strides(std::span<const TensorView* const> operands,
                                                 const std::vector<int64_t>& shape);
 
-// For kernels of elementwise ops, which write their results row-major: where the results are
-// laid out otherwise (dense, in some order of their dimensions), the call's views with every
-// dimension reordered to the results' memory order, outermost first. The elementwise arguments
-// take the results' rank (size 1, stride 0 where they broadcast); other tensors stay as they are.
-// Returns false, and touches nothing, where the results are row-major already.
-bool reorder_to_result_layout(const OpDef& op, OpInputs& inputs, std::vector<TensorView>& outputs);
+// For kernels of elementwise ops, which write their results row-major: the call's views with
+// every dimension reordered to the results' memory order, outermost first, for results laid out
+// otherwise (dense, in some order of their dimensions; run_kernel calls it for those only). The
+// elementwise arguments take the results' rank (size 1, stride 0 where they broadcast); other
+// tensors stay as they are.
+void reorder_to_result_layout(const OpDef& op, OpInputs& inputs, std::vector<TensorView>& outputs);
 
 }  // namespace opforge

@@ -3,8 +3,11 @@ transposed, permuted (channels-last) or sliced input gives a result whose dimens
 memory in the same order, with the strides torch's own elementwise ops give (torch's rule,
 torch._prims_common, as the oracle), from NumPy, torch eager, torch.ops, the fake kernel under
 opcheck and torch.compile (static and dynamic shapes), autograd and JAX (row-major, as XLA's
-arrays are); the forge device's in test_forge.py. Values are checked against each op's float64 reference.
+arrays are); the forge device's in test_forge.py. Values are checked against each op's float64
+reference.
 """
+
+import re
 
 import numpy as np
 import pytest
@@ -17,7 +20,6 @@ import opforge.torch as ot  # noqa: E402
 from op_samples import CORE, OPS, WITH_REFERENCE, reference, sample, significant, torch_strides  # noqa: E402
 
 ELEMENTWISE = [n for n in OPS if CORE[n].elementwise]
-TOLERANCE = {"float32": (2e-5, 1e-6), "float64": (1e-12, 1e-14)}
 
 
 def test_the_elementwise_ops_say_so():
@@ -28,7 +30,16 @@ def test_the_elementwise_ops_say_so():
     assert declared["rms_norm"] == [] and declared["softmax"] == [] and declared["add_backward"] == []
 
 
-def permuted(rng, tensors, order):
+def test_infer_takes_strides_and_checks_their_count():
+    """The shape rule's entry point for fake kernels: strides (optional) give the results' layout."""
+    add = opforge._core.op("add")
+    assert add.infer([((4, 3), "float32", None, (1, 4)), ((4, 3), "float32")], {})[0][2] == (1, 4)
+    assert add.infer([((4, 3), "float32"), ((4, 3), "float32")], {})[0][2] == (3, 1)
+    with pytest.raises(ValueError, match=re.escape("add(): 'x' has 2 sizes but 1 strides")):
+        add.infer([((4, 3), "float32", None, (1,)), ((4, 3), "float32")], {})
+
+
+def permuted(tensors, order):
     """Each tensor of rank len(order) as a view with its dimensions lying in memory in `order`
     (outermost first), holding the same values; others as they are."""
     out = []
@@ -67,7 +78,7 @@ def expected(name, tensors, attrs):
 def test_torch_results_keep_the_inputs_layout(name, rng):
     base, attrs = sample3(name, rng)
     for order in layouts(3):
-        tensors = permuted(rng, base, order)
+        tensors = permuted(base, order)
         want = expected(name, tensors, attrs)
         for fn in (getattr(ot, name), getattr(torch.ops.opforge, name)):
             got = fn(*tensors, **attrs)
@@ -82,7 +93,7 @@ def test_cuda_results_keep_the_inputs_layout(name, rng):
     CUDA tensors, against the float64 reference on the CPU."""
     base, attrs = sample3(name, rng)
     for order in layouts(3):
-        tensors = [t.cuda() for t in permuted(rng, base, order)]
+        tensors = [t.cuda() for t in permuted(base, order)]
         got = getattr(ot, name)(*tensors, **attrs)
         assert got.is_cuda and significant(got) == torch_strides(name, tensors), (order, got.stride())
         torch.testing.assert_close(got.double().cpu(), expected(name, [t.cpu() for t in tensors], attrs),
@@ -107,7 +118,7 @@ def test_opcheck_on_permuted_inputs(name, rng):
     torch.compile included."""
     base, attrs = sample3(name, rng, grad=bool(CORE[name].backward))
     for order in layouts(3)[:2]:
-        tensors = permuted(rng, base, order)
+        tensors = permuted(base, order)
         torch.library.opcheck(getattr(torch.ops.opforge, name).default, tuple(tensors), attrs)
 
 
