@@ -194,10 +194,12 @@ def dense(a) -> bool:
 
 
 def test_jax_results_stay_row_major(rng):
-    """XLA's arrays are row-major: a JAX result led by a transposed NumPy operand is still one."""
-    jnp = pytest.importorskip("jax.numpy")
+    """XLA's arrays are row-major: a JAX result whose order a transposed NumPy operand decides is still one."""
+    jax = pytest.importorskip("jax")
     x = np.asfortranarray(rng.standard_normal((5, 7)))
-    y = jnp.asarray(rng.standard_normal((1, 7)))
+    # On the host beside the NumPy operand: where a GPU is, JAX's default device is it, and a
+    # GPU array beside a host one is refused (the mixed-device error, tested elsewhere).
+    y = jax.device_put(rng.standard_normal((1, 7)), jax.devices("cpu")[0])
     got = opforge.add(y, x)
     np.testing.assert_allclose(np.asarray(got), x + np.asarray(y), rtol=1e-12)
     assert opforge.add(x, x).strides == x.strides
