@@ -87,9 +87,22 @@ def run(dry_run):
     return 0
 
 
+def csv_lines(raw):
+    """ncu's CSV lines out of its stdout, which the profiled program's prints and ncu's ==PROF==
+    notes share."""
+    return [l for l in raw.splitlines() if l.startswith('"')]
+
+
+def range_label(cell):
+    """The NVTX range's message from ncu's cell for it ('4413  "<default domain>:opforge rms_norm:none:...'):
+    "opforge rms_norm"."""
+    text = cell.split(">:", 1)[-1]
+    return text.split(":none", 1)[0].strip().strip('"')
+
+
 def table(raw_csv):
-    """ncu's --csv --page raw output as rows of (kernel, {metric: value}); [] if unreadable."""
-    lines = [l for l in raw_csv.splitlines() if l.startswith('"')]
+    """ncu's --csv --page raw output as rows of (range label, kernel, {metric: value}); [] if unreadable."""
+    lines = csv_lines(raw_csv)
     if not lines:
         return []
     rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
@@ -98,8 +111,8 @@ def table(raw_csv):
         name = r.get("Kernel Name") or r.get("Function Name") or ""
         if not name or r.get("ID", "") == "":  # the units row
             continue
-        out.append((r.get("thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg", "")
-                    or r.get("NVTX", ""), name, {m: r.get(m, "") for m in METRICS}))
+        nvtx = r.get("thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg", "") or r.get("NVTX", "")
+        out.append((range_label(nvtx) if nvtx else "", name, {m: r.get(m, "") for m in METRICS}))
     return out
 
 
@@ -122,13 +135,13 @@ def main(argv=None):
     proc = subprocess.run(command, capture_output=True, text=True)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "ncu_kernels.csv"
-    path.write_text(proc.stdout)
+    path.write_text("".join(line + "\n" for line in csv_lines(proc.stdout)))
     rows = table(proc.stdout)
     if proc.returncode != 0 or not rows:
         print(f"ncu_kernels.py: ncu exited {proc.returncode} with {len(rows)} kernels read; its output:")
         print(proc.stdout[-4000:], proc.stderr[-4000:])
         return 0 if not rows else 1
-    print(f"{'kernel':<60} {'us':>8} {'DRAM GB/s':>10} {'DRAM %':>7} {'SM %':>6} {'occ %':>6} {'regs':>5} "
+    print(f"{'call: kernel':<60} {'us':>8} {'DRAM GB/s':>10} {'DRAM %':>7} {'SM %':>6} {'occ %':>6} {'regs':>5} "
           f"{'sectors/req':>11}")
     for nvtx, name, m in rows:
         def num(key):
@@ -141,7 +154,7 @@ def main(argv=None):
         gbs = (num("dram__bytes_read.sum") + num("dram__bytes_write.sum")) / max(us * 1e3, 1e-9)
         sectors = num("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum") / max(
             num("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"), 1.0)
-        print(f"{(nvtx + ' ' if nvtx else '') + name[:60]:<60.60} {us:8.1f} {gbs:10.0f} "
+        print(f"{(nvtx + ': ' if nvtx else '') + name:<60.60} {us:8.1f} {gbs:10.0f} "
               f"{num('dram__throughput.avg.pct_of_peak_sustained_elapsed'):7.1f} "
               f"{num('sm__throughput.avg.pct_of_peak_sustained_elapsed'):6.1f} "
               f"{num('sm__warps_active.avg.pct_of_peak_sustained_active'):6.1f} "

@@ -106,7 +106,13 @@ def test_the_counters_script_runs_its_workloads_and_reads_ncu_tables():
     spec = importlib.util.spec_from_file_location("ncu_kernels", ROOT / "bench" / "ncu_kernels.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    raw = ('==PROF== Connected to process 1\n"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum"\n'
-           '"","","nsecond","byte"\n"0","rows_kernel<float>","98,304","268,435,456"\n==PROF== Disconnected\n')
+    nvtx = "thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"
+    raw = (f'==PROF== Connected to process 1\nran opforge rms_norm\n"ID","{nvtx}","Kernel Name",'
+           '"gpu__time_duration.sum","dram__bytes_read.sum"\n"","","","nsecond","byte"\n'
+           '"0","4413  ""<default domain>:opforge rms_norm:none:none:none:none:none:none"" ","rows_kernel<float>",'
+           '"98,304","268,435,456"\n==PROF== Disconnected\n')
     (rows,) = module.table(raw)
+    assert rows[0] == "opforge rms_norm", rows
     assert rows[1] == "rows_kernel<float>" and rows[2]["gpu__time_duration.sum"] == "98,304", rows
+    # What is written to ncu_kernels.csv: the CSV alone.
+    assert [line[:4] for line in module.csv_lines(raw)] == ['"ID"', '"","', '"0",'], module.csv_lines(raw)
