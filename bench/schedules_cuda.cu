@@ -17,14 +17,19 @@
 //   tile (as Triton lays out inductor's pointwise kernels), block size, streaming loads and stores.
 // - scatter_add's summing kernel (ops/scatter_add/scatter_add.cuh; 16384 rows into 16 buckets of
 //   4096 columns: 65536 outputs, each the in-order sum of its bucket's 1024 rows): source rows loaded
-//   ahead of the adds (16, 32 = the op's own, 64), threads per block, and 2 or 4 adjacent outputs
-//   per thread read as one vector (fewer, wider loads; a block reads longer runs of each row);
-//   the sort and the index check around it are not timed here;
+//   ahead of the adds (16, 32, 64), threads per block, and 2 or 4 adjacent outputs per thread
+//   read as one vector (fewer, wider loads; a block reads longer runs of each row); the op's own
+//   since 2026-11-27 are 2 columns, 128 threads, 32 ahead where the layout allows (this one's),
+//   1 column, 256 threads, 32 ahead (16 for 2-byte elements) elsewhere; the sort and the index
+//   check around it are not timed here;
 // - matmul_q for one token (ops/matmul_q/matmul_q.cuh): one launch, the gemv quantizing the row
 //   itself (the op's way since 6e5da0d, untimed), and two, x quantized into a workspace first.
 // The H200 run at db57f81 had the norms at 95-97% of the copy, 0.95-0.96x torch.compile's kernels,
 // silu/relu at 97-98%, 0.97-0.98x, scatter_add at 28% (the whole op), 0.58x, and a token's
-// matmul_q at 25.6 us in either format. Each
+// matmul_q at 25.6 us in either format. This lab's first run (H200, 794c939,
+// bench/results/schedules_cuda.md): no norm or elementwise schedule ahead of the ops' own beyond
+// the ~2% noise between identical schedules; scatter_add's two columns 1.18x (float32) and 2.65x
+// (bfloat16), adopted; matmul_q's one launch 1.14-1.22x two, kept. Each
 // schedule's blocks per SM (registers decide it for CachedRow: a row's bytes in flight live in
 // them), registers and local memory per thread are printed beside its time.
 //
@@ -510,15 +515,22 @@ bool run_scatter_add(const char* dtype, int64_t rows, int64_t n, int64_t buckets
                    int64_t, cudaStream_t);
   };
   std::vector<Way> ways;
+  // The op's own schedules first (its pair of columns for this layout where the elements allow,
+  // then the one it runs elsewhere), then the others once each.
+  using OwnHere = std::conditional_t<sizeof(T) <= 4, sa::OwnPairSum, sa::OwnSum<T>>;
   const auto add = [&]<class S>(std::type_identity<S>, const char* own) {
+    if (!*own && (std::is_same_v<S, OwnHere> || std::is_same_v<S, sa::OwnSum<T>>)) return;
     ways.push_back({std::to_string(S::kAhead) + " rows ahead, " + std::to_string(S::kThreads) + " threads, " +
                         std::to_string(S::kColumns) + (S::kColumns == 1 ? " column" : " columns") + own,
                     reinterpret_cast<const void*>(sa::sum_kernel<T, S>), S::kThreads, S::kColumns,
                     sa::launch_sum<T, S>});
   };
   using sa::SumSchedule;
-  add(std::type_identity<sa::OwnSum>{}, " (the op's)");
+  add(std::type_identity<OwnHere>{}, " (the op's)");
+  if constexpr (!std::is_same_v<OwnHere, sa::OwnSum<T>>)
+    add(std::type_identity<sa::OwnSum<T>>{}, " (the op's where 2 columns do not fit)");
   add(std::type_identity<SumSchedule<16, 256, 1>>{}, "");
+  add(std::type_identity<SumSchedule<32, 256, 1>>{}, "");  // the op's one column before 2026-11-27
   add(std::type_identity<SumSchedule<64, 256, 1>>{}, "");
   add(std::type_identity<SumSchedule<32, 128, 1>>{}, "");
   add(std::type_identity<SumSchedule<16, 128, 2>>{}, "");

@@ -1,5 +1,5 @@
-// scatter_add on CUDA, deterministic without float atomics: the index is checked (its result
-// waited for once all the kernels are queued, see scatter_index.cuh), a stable radix sort of
+// scatter_add on CUDA, deterministic without float atomics: the index is checked (the check
+// alone waited for once all the kernels are queued, see scatter_index.cuh), a stable radix sort of
 // (index, position) lists each bucket's source positions in increasing order, a binary search
 // finds where each bucket starts, and sum_kernel (scatter_add.cuh) sums each output element's
 // bucket in that order. Same order as the CPU kernel, so the two agree bit for bit in float32 and float64.
@@ -59,7 +59,8 @@ void run(const KernelCall& call) {
   Key* scratch = reinterpret_cast<Key*>(start + dim_size + 1);
   void* sort_storage = workspace.as<char>() + words * 8;
   // With the keys, the sort's values: positions 0, 1, ... (none for the index check alone).
-  scatter_cuda::launch_index_check(call, keys, scratch, dim_size, out.numel() > 0 ? positions : nullptr);
+  scatter_cuda::IndexCheck check;
+  check.launch(call, keys, scratch, dim_size, out.numel() > 0 ? positions : nullptr);
   if (out.numel() > 0) {  // else called for the index check alone (OpDef::validates)
     if (n > 0) {
       cuda::check_cuda(op, cub::DeviceRadixSort::SortPairs(sort_storage, sort_bytes, keys, sorted, positions, order,
@@ -73,12 +74,12 @@ void run(const KernelCall& call) {
       if constexpr (std::is_integral_v<T>) {
         fail(ErrorKind::not_implemented, "scatter_add(): no integer kernel");
       } else {
-        launch_sum<T>(out.data_as<T>(), src.data_as<const T>(), s, start, order, dim_size, out.numel(), stream);
+        launch_own_sum<T>(out.data_as<T>(), src.data_as<const T>(), s, start, order, dim_size, out.numel(), stream);
       }
     });
     cuda::check_launch(op);
   }
-  if (const auto bad = scatter_cuda::first_bad_index(call, keys, scratch))
+  if (const auto bad = check.first_bad_index(call, keys))
     scatter::fail_index(call, "dim_size", dim_size, bad->second, bad->first);
 }
 

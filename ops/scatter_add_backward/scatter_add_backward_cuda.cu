@@ -1,4 +1,4 @@
-// scatter_add_backward on CUDA: the index is checked (its result waited for after the gather is
+// scatter_add_backward on CUDA: the index is checked (the check alone waited for after the gather is
 // queued, see scatter_index.cuh) and one thread per output element gathers it; a value out of
 // range reads row 0 meanwhile (the call then raises).
 #include "opforge/cuda/common.cuh"
@@ -31,7 +31,8 @@ void run(const KernelCall& call) {
   const cuda::Scratch workspace(call, 8 * (n + 1));
   auto* keys = workspace.as<unsigned long long>();
   const int64_t limit = grad.shape[dim];
-  scatter_cuda::launch_index_check(call, keys, keys + n, limit);
+  scatter_cuda::IndexCheck check;
+  check.launch(call, keys, keys + n, limit);
   cuda::visit(grad.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     const int64_t total = out.numel();
@@ -42,7 +43,7 @@ void run(const KernelCall& call) {
         out.data_as<T>(), grad.data_as<const T>(), s, keys, n, static_cast<unsigned long long>(limit), total);
   });
   cuda::check_launch(op);
-  if (const auto bad = scatter_cuda::first_bad_index(call, keys, keys + n))
+  if (const auto bad = check.first_bad_index(call, keys))
     scatter::fail_index(call, "grad.shape[dim]", grad.shape[dim], bad->second, bad->first);
 }
 

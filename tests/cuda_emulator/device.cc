@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -126,12 +128,19 @@ bool on_device(const void* p) {
 struct PendingCopy {
   void* dst;
   std::vector<char> bytes;
+  uint64_t number;  // the copies queued before it on this thread
 };
 thread_local std::vector<PendingCopy> pending_copies;
+thread_local uint64_t copies_queued = 0;
 
-void land_copies() {
-  for (const auto& c : pending_copies) std::memcpy(c.dst, c.bytes.data(), c.bytes.size());
-  pending_copies.clear();
+// Lands the copies queued before the `before`-th (all of them by default): an event waits only
+// for the work queued ahead of its record.
+void land_copies(uint64_t before = UINT64_MAX) {
+  std::erase_if(pending_copies, [&](const PendingCopy& c) {
+    if (c.number >= before) return false;
+    std::memcpy(c.dst, c.bytes.data(), c.bytes.size());
+    return true;
+  });
 }
 }  // namespace
 
@@ -184,6 +193,8 @@ size_t live_events() {
 struct CUevent_st {
   int device;
   std::chrono::steady_clock::time_point recorded{};
+  const void* stream = nullptr;  // where it was last recorded
+  uint64_t copies_before = 0;    // the thread's copies into host memory queued before that record
 };
 
 // A memory pool: its device, its release threshold, and the allocations made from it.
@@ -282,6 +293,15 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) { return cudaFreeAsync(p, nullptr); }
+// Pinned host memory: host memory here (copies into it land at a synchronize, as into any).
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
+  *p = std::malloc(bytes ? bytes : 1);
+  return *p ? cudaSuccess : cuda_emu::fail_with(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
 // What bench/schedules_cuda.cu asks of the runtime besides the kernels' calls (its test runs it
 // here): a stream (every call completes before it returns, so one stream is as good as another),
 // the device's properties, a kernel's registers and blocks per SM (none measured here: zeros, and
@@ -326,7 +346,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (bytes && cuda_emu::on_device(src) && !cuda_emu::on_device(dst)) {  // lands at the next synchronize
     cuda_emu::refuse_while_capturing("cudaMemcpyAsync into host memory");  // a graph would copy at replay only
     const char* from = static_cast<const char*>(src);
-    cuda_emu::pending_copies.push_back({dst, std::vector<char>(from, from + bytes)});
+    cuda_emu::pending_copies.push_back({dst, std::vector<char>(from, from + bytes), cuda_emu::copies_queued++});
     return cudaSuccess;
   }
   std::memmove(dst, src, bytes);
@@ -379,6 +399,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   CUevent_st* e = cuda_emu::live_event(event, "cudaEventRecord");
   if (e->device != cuda_emu::current) return cuda_emu::fail_with(cudaErrorInvalidResourceHandle);
   e->recorded = std::chrono::steady_clock::now();
+  e->stream = stream;
+  e->copies_before = cuda_emu::copies_queued;
   return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -392,10 +414,13 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   cuda_emu::live_event(event, "cudaStreamWaitEvent");
   return cudaSuccess;
 }
+// Waits for the work queued before the event's record: only the copies into host memory queued
+// before it land. Recorded as a use of the stream the event was recorded on.
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  cuda_emu::live_event(event, "cudaEventSynchronize");
+  CUevent_st* e = cuda_emu::live_event(event, "cudaEventSynchronize");
+  cuda_emu::record_stream_use("cudaEventSynchronize", e->stream);
   cuda_emu::refuse_while_capturing("cudaEventSynchronize");
-  cuda_emu::land_copies();
+  cuda_emu::land_copies(e->copies_before);
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {

@@ -29,9 +29,10 @@ size_t set_allocation_limit(size_t bytes);
 // cudaMalloc is refused (it waits for the device; opforge's code allocates from its pool) unless
 // allowed, as for a standalone GPU program (bench/schedules_cuda.cu); returns the previous setting.
 bool allow_cuda_malloc(bool allowed);
-// A cudaMemcpyAsync from device memory into host memory lands at the next synchronize (stream,
-// device or event), not before: host code that reads it without waiting reads stale bytes. The
-// copies not yet landed (dropped by the call: nobody waited for them).
+// A cudaMemcpyAsync from device memory into host memory lands at the next synchronize of the
+// stream or the device, or of an event recorded after it, not before: host code that reads it
+// without waiting (or after waiting for an earlier event) reads stale bytes. The copies not yet
+// landed (dropped by the call: nobody waited for them).
 size_t take_unwaited_copies();
 
 // Stray writes found when an op freed its own memory (cudaFreeAsync, often from a destructor,

@@ -128,7 +128,7 @@ int expect_every_schedule_sums_in_order(const Case& c) {
   int ran = 0;
   for (int64_t cap : {int64_t{1} << 20, int64_t{3}}) {
     ran = 0;
-    ran += expect_schedule_sums_in_order<T, sa::OwnSum>(c, d, want, cap);
+    ran += expect_schedule_sums_in_order<T, sa::OwnSum<T>>(c, d, want, cap);
     ran += expect_schedule_sums_in_order<T, SumSchedule<16, 256, 1>>(c, d, want, cap);
     ran += expect_schedule_sums_in_order<T, SumSchedule<64, 256, 1>>(c, d, want, cap);
     ran += expect_schedule_sums_in_order<T, SumSchedule<32, 128, 1>>(c, d, want, cap);

@@ -279,9 +279,19 @@ TEST(Schedules, TheBenchmarkRunsEverySchedule) {
     for (const char* op : {"rms_norm", "layer_norm"}) EXPECT_EQ((per_op_dtype[std::string(op) + "," + dtype]), 16) << op;
     for (const char* op : {"silu", "copy"}) EXPECT_EQ((per_op_dtype[std::string(op) + "," + dtype]), 9) << op;
   }
-  // scatter_add's sum: the op's own and 8 others, in both dtypes.
-  for (const char* dtype : {"float32", "bfloat16"})
+  // scatter_add's sum: the op's own two (two columns where they fit, first; one elsewhere) and 7
+  // others, each once, in both dtypes.
+  for (const char* dtype : {"float32", "bfloat16"}) {
     EXPECT_EQ((per_op_dtype[std::string("scatter_add 6x512 into 16,") + dtype]), 9) << dtype;
+    EXPECT_NE(table.find(std::string("| scatter_add 6x512 into 16 | ") + dtype +
+                         " | 32 rows ahead, 128 threads, 2 columns (the op's) |"),
+              std::string::npos)
+        << table;
+  }
+  EXPECT_NE(table.find("| scatter_add 6x512 into 16 | bfloat16 | 16 rows ahead, 256 threads, 1 column (the op's where "
+                       "2 columns do not fit) |"),
+            std::string::npos)
+      << table;
   // matmul_q for one token, one launch (the op's) and two, in both formats.
   for (const char* format : {"q4_0", "q8_0"})
     EXPECT_EQ((per_op_dtype[std::string("matmul_q ") + format + " 1x512 @ 512x512^T,float32"]), 2) << format;
