@@ -21,19 +21,16 @@
 # Highway. Time budget: GPU_CHECK_BUDGET_S (default 540 s) in all.
 #
 # GPU_CHECK_STEPS (comma-separated step names, or "all", the default) picks the steps. Measured on
-# the H200 at db57f81 (2026-11-26): build 95 s, test_cuda 55 s, the benchmark 81 s, memcheck 9 s,
-# racecheck 12 s (265 s for the first call below, start-up 32 s more); forge past 89 s (85 of its
-# 86 tests), the suite past 240 s (14683 of 14867), the stable-ABI check 82 s, by all signs serially
-# (the machine's package list names no pytest-xdist; 14683 tests in 240 s is a serial pace). The
-# bundle now carries it for the machine's 16 cores; the suite passes under it on the 2-core
-# development machine (-n 2 in 388 s, no faster there than serially). A session's 900 s of
-# device time (start-up included) holds two calls on one warm machine (it goes back after 30 s
-# idle: send the second at once), the second without building again. schedules, profile and
-# ncu (new since that run, untimed: caps 120 s, 60 s and 120 s; they run after the sanitizers, so a
-# short budget cuts them first) push the first call past 265 s, so the second gets what is left
-# (about 900 - 32 - the first's time - 30 s of margin), stable_abi_foreign_binary last:
-#   GPU_CHECK_STEPS=build,test_cuda,bench,memcheck,racecheck,schedules,profile,ncu bash scripts/gpu_check.sh
-#   GPU_CHECK_BUDGET_S=450 GPU_CHECK_STEPS=forge,suite,stable_abi_foreign_binary bash scripts/gpu_check.sh
+# the H200 at 794c939 (2026-11-27), the test steps under pytest-xdist (-n 12, the bundle's wheels):
+# build 91 s, test_cuda 49 s, the benchmark 81 s, memcheck 9 s, racecheck 13 s, schedules 42 s,
+# profile 12 s, ncu 32 s (342 s for the first call below; the machine's start-up about 32 s more);
+# forge 84 s, the suite past 139 s (95% of its 15093 tests by then: about 150 s in all), the
+# stable-ABI check 91 s. A session's 900 s of device time (start-up included) holds both calls on
+# one warm machine (it goes back after 30 s idle: send the second at once, without building again;
+# a session that cut the second to keep time for a later run had no time left for one anyway):
+#   GPU_CHECK_BUDGET_S=380 GPU_CHECK_STEPS=build,test_cuda,bench,memcheck,racecheck,schedules,profile,ncu bash scripts/gpu_check.sh
+#   GPU_CHECK_BUDGET_S=<900 - 32 - the first's time - 30> GPU_CHECK_STEPS=forge,suite,stable_abi_foreign_binary bash scripts/gpu_check.sh
+# The suite logs its 25 slowest tests (--durations), for the next budget.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -244,7 +241,7 @@ step forge 120 env OPFORGE_TEST_FORGE=1 "${pytest_parallel[@]}" -rfE tests/pytho
 
 
 # --- everything else, with the GPU present (test_torch's and test_jax's CUDA cases included) -----
-step suite 300 "${pytest_parallel[@]}" -rfE tests/python ops --ignore=tests/python/test_cuda.py
+step suite 300 "${pytest_parallel[@]}" -rfE --durations=25 tests/python ops --ignore=tests/python/test_cuda.py
 
 # --- the stable-ABI promise: the torch adapter built on the development machine (newer torch
 # headers, TORCH_TARGET_VERSION 2.11), carried in build/gpu-deps/stable-abi/, loaded by this
