@@ -207,10 +207,11 @@ std::vector<Schedule<T>> schedules(int64_t rows, int64_t n) {
   add_norms<T, CachedRow<T, 8, StreamingAccess>>(list, rows, n);
   add_norms<T, StagedRow<T, 4>>(list, rows, n);
   add_norms<T, StagedRow<T, 8>>(list, rows, n);
-  add_norms<T, RereadRow<T, 4, 2>>(list, rows, n);  // inductor's at 4096 float32 columns
+  add_norms<T, RereadRow<T, 4, 2>>(list, rows, n);
   add_norms<T, RereadRow<T, 4, 2, false>>(list, rows, n);
   add_norms<T, RereadRow<T, 4, 1>>(list, rows, n);
-  add_norms<T, RereadRow<T, 2, 1>>(list, rows, n);  // inductor's at 4096 bfloat16 columns
+  add_norms<T, RereadRow<T, 2, 1>>(list, rows, n);  // inductor's shape at 4096 float32 columns (ncu)
+  add_norms<T, RereadRow<T, 2, 2>>(list, rows, n);  // the same, a thread's two packs in flight at once
   add_norms<T, RereadRow<T, 8, 2>>(list, rows, n);
   add_map<T, MapSchedule<>>(list, rows, n, " (the ops')");
   add_map<T, MapSchedule<2, false, PlainAccess, 256>>(list, rows, n);
