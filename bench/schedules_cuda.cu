@@ -11,7 +11,9 @@
 //     its shared memory does, not as its registers do);
 //   - cuda::RereadRow, the row read again from the caches on every pass, as inductor's looped
 //     reductions do at 4096 columns (few registers; an SM holds as many rows as it has threads
-//     for), with and without inductor's evict-last / evict-first hints;
+//     for), with and without inductor's evict-last / evict-first hints, and those loads fenced (the
+//     first variants) or not, without per-pack bounds tests on rows the block covers exactly (as
+//     Triton's unmasked loads at 4096 columns);
 // - the elementwise kernel (cuda::map_contiguous, with silu's functor and as a plain copy): packs
 //   per thread, a thread's packs a grid apart (the ops' own) or each block's packs one contiguous
 //   tile (as Triton lays out inductor's pointwise kernels), block size, streaming loads and stores.
@@ -151,10 +153,10 @@ template <typename T, int kPacks>
 std::string row_label(std::type_identity<cuda::StagedRow<T, kPacks>>) {
   return std::to_string(kPacks) + " packs staged in shared memory";
 }
-template <typename T, int kPacks, int kGroup, bool kHinted>
-std::string row_label(std::type_identity<cuda::RereadRow<T, kPacks, kGroup, kHinted>>) {
+template <typename T, int kPacks, int kGroup, bool kHinted, bool kFenced>
+std::string row_label(std::type_identity<cuda::RereadRow<T, kPacks, kGroup, kHinted, kFenced>>) {
   return std::to_string(kPacks) + " packs reread per pass, " + std::to_string(kGroup) + " at a time" +
-         (kHinted ? ", evict-last/first" : "");
+         (kHinted ? (kFenced ? ", evict-last/first" : ", evict-last/first unfenced") : "");
 }
 
 template <typename T, class Row>
@@ -212,6 +214,10 @@ std::vector<Schedule<T>> schedules(int64_t rows, int64_t n) {
   add_norms<T, RereadRow<T, 4, 1>>(list, rows, n);
   add_norms<T, RereadRow<T, 2, 1>>(list, rows, n);  // inductor's shape at 4096 float32 columns (ncu)
   add_norms<T, RereadRow<T, 2, 2>>(list, rows, n);  // the same, a thread's two packs in flight at once
+  // As Triton's loads are: no volatile, no memory clobber (load_with_eviction).
+  add_norms<T, RereadRow<T, 2, 1, true, false>>(list, rows, n);
+  add_norms<T, RereadRow<T, 2, 2, true, false>>(list, rows, n);
+  add_norms<T, RereadRow<T, 4, 2, true, false>>(list, rows, n);
   add_norms<T, RereadRow<T, 8, 2>>(list, rows, n);
   add_map<T, MapSchedule<>>(list, rows, n, " (the ops')");
   add_map<T, MapSchedule<2, false, PlainAccess, 256>>(list, rows, n);

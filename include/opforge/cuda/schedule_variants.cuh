@@ -87,27 +87,33 @@ struct StagedRow {
 
 // A 16-byte load whose lines L1 and L2 evict after others (kLast) or before them (!kLast): the
 // eviction_policy='evict_last' / 'evict_first' of a Triton load, lowered as Triton lowers it on
-// sm_80 and later (an L1 eviction priority, and an L2 cache policy from createpolicy). Volatile, with
-// a memory clobber, so that it stays in program order with the kernel's stores (out may be x).
-template <bool kLast, class P>
+// sm_80 and later (an L1 eviction priority, and an L2 cache policy from createpolicy). kFenced:
+// volatile, with a memory clobber, so that it stays in program order with every other load and
+// store of the kernel (the first variants' way: out may be x); that also keeps the compiler from
+// issuing a thread's next load before its previous store, so each thread has one load in flight
+// at a time where loads and stores alternate. Unfenced, as Triton's loads are: the compiler may
+// move it, but never past the store of the value it feeds, so a row normalized in place (each
+// thread stores only elements it has loaded) stays right.
+template <bool kLast, bool kFenced = true, class P>
 __device__ __forceinline__ P load_with_eviction(const P* p) {
   static_assert(sizeof(P) == 16);
 #ifndef CUDA_EMU_ARCH
   unsigned w[4];
   unsigned long long policy;
-  if constexpr (kLast) {
-    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  if constexpr (kLast) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  else asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  if constexpr (kLast && kFenced)
     asm volatile("ld.global.L1::evict_last.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                 : "l"(p), "l"(policy)
-                 : "memory");
-  } else {
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p), "l"(policy) : "memory");
+  else if constexpr (kFenced)
     asm volatile("ld.global.L1::evict_first.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                 : "l"(p), "l"(policy)
-                 : "memory");
-  }
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p), "l"(policy) : "memory");
+  else if constexpr (kLast)
+    asm("ld.global.L1::evict_last.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p), "l"(policy));
+  else
+    asm("ld.global.L1::evict_first.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p), "l"(policy));
   P v;
   memcpy(&v, w, sizeof(v));
   return v;
@@ -124,13 +130,14 @@ __device__ __forceinline__ P load_with_eviction(const P* p) {
 // thread walks CachedRow's packs (threadIdx.x + k * blockDim.x, k = 0..kPacks-1) in CachedRow's
 // order, kGroup loads issued before the first is used: the same sums, the same bits. With kHinted,
 // each() loads evict-last (the row is read again) and the store pass evict-first (its last read),
-// as inductor's kernels ask; without, plain loads, to time the hints apart. Nsight Compute on the
+// as inductor's kernels ask, fenced or not (load_with_eviction); without, plain loads, to time
+// the hints apart. Nsight Compute on the
 // H200 (bench/results/ncu_kernels.csv) has inductor's float32 norms at 4096 columns in 512-thread
 // blocks, a row each, 24-32 registers, x read twice: RereadRow<float, 2, 1> at 512 threads, which
 // this lab timed at 0.84x (rms_norm) and 0.65x (layer_norm) the ops' own, while inductor's own
 // kernels ran 1.025x and 1.04x them: how the same schedule ends up that much faster in Triton's
 // code is the open question.
-template <typename T, int kPacks, int kGroup = 1, bool kHinted = true>
+template <typename T, int kPacks, int kGroup = 1, bool kHinted = true, bool kFenced = true>
 struct RereadRow {
   static_assert(kPacks % kGroup == 0);
   using Element = T;
@@ -155,23 +162,31 @@ struct RereadRow {
 
  private:
   // body(j, pack j) for this thread's packs in order, kGroup loaded at a time (evict-last loads if
-  // kAgain: the row is read again).
+  // kAgain: the row is read again). Unfenced, a row the block's threads cover exactly (the norms'
+  // 4096 columns) skips the per-pack bounds tests, as Triton's unmasked loads do: its loads are
+  // then free to move ahead of the previous pack's work.
   template <bool kAgain, class B> __device__ __forceinline__ void in_groups(B body) const {
+    if constexpr (!kFenced) {
+      if (count == int64_t(kPacks) * blockDim.x) return in_groups_checked<kAgain, false>(body);
+    }
+    in_groups_checked<kAgain, true>(body);
+  }
+  template <bool kAgain, bool kChecked, class B> __device__ __forceinline__ void in_groups_checked(B body) const {
 #pragma unroll
     for (int g = 0; g < kPacks; g += kGroup) {
       P v[kGroup];
 #pragma unroll
       for (int k = 0; k < kGroup; ++k) {
         const int64_t j = threadIdx.x + int64_t(g + k) * blockDim.x;
-        if (j < count) {
-          if constexpr (kHinted) v[k] = load_with_eviction<kAgain>(row + j);
+        if (!kChecked || j < count) {
+          if constexpr (kHinted) v[k] = load_with_eviction<kAgain, kFenced>(row + j);
           else v[k] = row[j];
         }
       }
 #pragma unroll
       for (int k = 0; k < kGroup; ++k) {
         const int64_t j = threadIdx.x + int64_t(g + k) * blockDim.x;
-        if (j < count) body(j, v[k]);
+        if (!kChecked || j < count) body(j, v[k]);
       }
     }
   }
