@@ -122,6 +122,38 @@ __device__ __forceinline__ P load_with_eviction(const P* p) {
 #endif
 }
 
+// CachedRow whose store pass loads every one of the thread's column-operand packs (the norms'
+// weight and bias) before its first store. CachedRow's own pass alternates them (load pack 0's
+// weight, store pack 0, load pack 1's weight, ...: in PTX the compiler may not move a load above
+// a store that could alias it), so after the row's reduction a thread waits one L1 round trip
+// per pack; here it waits one in all, for kPacks * E packs more in registers at that point.
+template <typename T, int kPacks = kRowPacks>
+struct ColumnsFirstRow : CachedRow<T, kPacks, PlainAccess> {
+  using Base = CachedRow<T, kPacks, PlainAccess>;
+  using typename Base::P;
+  using Base::Base;
+  using Base::store;
+
+  template <int E, class F> __device__ void store(T* out, const Columns<T, E>& cols, F f) const {
+    P c[kPacks][E];
+    this->for_packs([&](int k, int64_t j) {
+#pragma unroll
+      for (int q = 0; q < E; ++q) c[k][q] = reinterpret_cast<const P*>(cols.p[q])[j];
+    });
+    this->for_packs([&](int k, int64_t j) {
+      P o;
+#pragma unroll
+      for (int e = 0; e < P::kSize; ++e) {
+        Acc<T> a[E];
+#pragma unroll
+        for (int q = 0; q < E; ++q) a[q] = static_cast<Acc<T>>(c[k][q].v[e]);
+        o.v[e] = static_cast<T>(f(static_cast<Acc<T>>(this->packs[k].v[e]), a));
+      }
+      reinterpret_cast<P*>(out)[j] = o;
+    });
+  }
+};
+
 // A contiguous, 16-byte aligned row of n elements (a whole number of packs) read from global
 // memory again on every pass, as inductor's looped reductions read theirs (the norms at 4096
 // columns: a sum pass, then a pass that reloads and stores): only the first pass's bytes come from
