@@ -112,6 +112,35 @@ void walk_in_tiles(const InlineInts& dims, const std::array<InlineInts, N>& st, 
   else parallel_for(groups, std::max<int64_t>(1, grain / (kTileRows * inner)), run);
 }
 
+// The rows of elements [begin, end) of a two-dimensional walk (one outer dimension after
+// merging: the common case of short rows, a [rows, 64] tensor times a [64] bias, channels-last
+// by a per-channel scale), the strides held in locals: the general walk reads them from
+// InlineInts on every row, and reloads them after each row's stores wherever those could alias
+// them (int64 data), which cost a quarter of the time of 64-element rows (0.35 against 0.28 ms
+// for the same bytes in rows of 256).
+template <size_t N, typename F>
+void walk_rows_2d(int64_t begin, int64_t end, int64_t inner, const std::array<InlineInts, N>& st, F& fn) {
+  std::array<int64_t, N> outer, step, start;
+  for (size_t k = 0; k < N; ++k) {
+    outer[k] = st[k][0];
+    step[k] = st[k][1];
+  }
+  int64_t row = begin / inner, col = begin % inner;
+  for (size_t k = 0; k < N; ++k) start[k] = row * outer[k];
+  for (int64_t pos = begin; pos < end;) {
+    Row<N> r;
+    r.len = std::min(inner - col, end - pos);
+    for (size_t k = 0; k < N; ++k) {
+      r.inner[k] = step[k];
+      r.offsets[k] = start[k] + col * step[k];
+      start[k] += outer[k];
+    }
+    fn(r);
+    pos += r.len;
+    col = 0;
+  }
+}
+
 // Calls fn(Row) over the whole iteration space of `shape`, in parallel chunks of at least
 // `grain` elements, each element once; strides[k] are operand k's strides (already broadcast).
 // The rows come in no particular order (in tiles where an input is transposed): fn writes each
@@ -145,6 +174,7 @@ void for_each_row(const std::vector<int64_t>& shape, const std::array<std::vecto
   if (total == 0) return;
   if (needs_tiles<N>(st, dims.size())) return walk_in_tiles<N>(dims, st, total, grain, fn);
   const auto chunk = [&](int64_t begin, int64_t end) {
+    if (rank == 2) return walk_rows_2d<N>(begin, end, inner, st, fn);
     // The chunk's first row is found by division; later rows by stepping an odometer over the
     // outer dimensions. Divisions per row (one per operand) cost as much as a short row's work.
     int64_t row = begin / inner, col = begin % inner;
