@@ -1,8 +1,9 @@
 """Hardware counters (Nsight Compute) of the kernels behind the open questions in
 bench/results/ops_cuda.md: the norms beside torch.compile's kernels for them (2-5% behind), and
 bench/profile_gpu.py's cases (scatter_add at 28% of the copy, the quantizer, matmul_q). Per kernel:
-time, DRAM bytes and throughput, achieved occupancy, registers, and global-load sectors per
-request (16-byte pieces of whole lines: ~4; scattered 2-byte loads: far more).
+time, DRAM bytes and throughput, achieved occupancy, registers, global-load sectors per
+request (16-byte pieces of whole lines: ~4; scattered 2-byte loads: far more), and the share of
+the warps' time stalled on memory, barriers, the load/store queue and the final drain.
 
     python bench/ncu_kernels.py [--out bench/results]     # runs ncu on this script's --run mode
 
@@ -35,7 +36,14 @@ METRICS = [
     "launch__block_size",
     "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
     "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
+    # Where the warps wait (% of active warps' cycles): on global memory, at a barrier (the row
+    # kernels' block sums), for the load/store queue, for their stores to drain at exit.
+    "smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct",
+    "smsp__warp_issue_stalled_barrier_per_warp_active.pct",
+    "smsp__warp_issue_stalled_lg_throttle_per_warp_active.pct",
+    "smsp__warp_issue_stalled_drain_per_warp_active.pct",
 ]
+STALLS = [("mem", "long_scoreboard"), ("bar", "barrier"), ("lsq", "lg_throttle"), ("drain", "drain")]
 
 
 def workloads(torch, opforge, device, small):
@@ -116,6 +124,29 @@ def table(raw_csv):
     return out
 
 
+def print_table(rows):
+    """table()'s rows, one line each."""
+    print(f"{'call: kernel':<60} {'us':>8} {'DRAM GB/s':>10} {'DRAM %':>7} {'SM %':>6} {'occ %':>6} {'regs':>5} "
+          f"{'sectors/req':>11} " + " ".join(f"{label + ' %':>7}" for label, _ in STALLS))
+    for nvtx, name, m in rows:
+        def num(key):
+            try:
+                return float(str(m[key]).replace(",", ""))
+            except ValueError:
+                return float("nan")
+
+        us = num("gpu__time_duration.sum") / 1e3  # ns
+        gbs = (num("dram__bytes_read.sum") + num("dram__bytes_write.sum")) / max(us * 1e3, 1e-9)
+        sectors = num("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum") / max(
+            num("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"), 1.0)
+        print(f"{(nvtx + ': ' if nvtx else '') + name:<60.60} {us:8.1f} {gbs:10.0f} "
+              f"{num('dram__throughput.avg.pct_of_peak_sustained_elapsed'):7.1f} "
+              f"{num('sm__throughput.avg.pct_of_peak_sustained_elapsed'):6.1f} "
+              f"{num('sm__warps_active.avg.pct_of_peak_sustained_active'):6.1f} "
+              f"{num('launch__registers_per_thread'):5.0f} {sectors:11.1f} "
+              + " ".join(f"{num(f'smsp__warp_issue_stalled_{stall}_per_warp_active.pct'):7.1f}" for _, stall in STALLS))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", action="store_true", help="be the profiled program")
@@ -141,24 +172,7 @@ def main(argv=None):
         print(f"ncu_kernels.py: ncu exited {proc.returncode} with {len(rows)} kernels read; its output:")
         print(proc.stdout[-4000:], proc.stderr[-4000:])
         return 0 if not rows else 1
-    print(f"{'call: kernel':<60} {'us':>8} {'DRAM GB/s':>10} {'DRAM %':>7} {'SM %':>6} {'occ %':>6} {'regs':>5} "
-          f"{'sectors/req':>11}")
-    for nvtx, name, m in rows:
-        def num(key):
-            try:
-                return float(str(m[key]).replace(",", ""))
-            except ValueError:
-                return float("nan")
-
-        us = num("gpu__time_duration.sum") / 1e3  # ns
-        gbs = (num("dram__bytes_read.sum") + num("dram__bytes_write.sum")) / max(us * 1e3, 1e-9)
-        sectors = num("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum") / max(
-            num("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"), 1.0)
-        print(f"{(nvtx + ': ' if nvtx else '') + name:<60.60} {us:8.1f} {gbs:10.0f} "
-              f"{num('dram__throughput.avg.pct_of_peak_sustained_elapsed'):7.1f} "
-              f"{num('sm__throughput.avg.pct_of_peak_sustained_elapsed'):6.1f} "
-              f"{num('sm__warps_active.avg.pct_of_peak_sustained_active'):6.1f} "
-              f"{num('launch__registers_per_thread'):5.0f} {sectors:11.1f}")
+    print_table(rows)
     print(f"wrote {path}")
     return 0
 

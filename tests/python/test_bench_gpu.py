@@ -93,7 +93,7 @@ def test_the_profile_names_every_case(tmp_path):
         assert line and "wall" in line and "kernels" in line, (case, text)
 
 
-def test_the_counters_script_runs_its_workloads_and_reads_ncu_tables():
+def test_the_counters_script_runs_its_workloads_and_reads_ncu_tables(capsys):
     """bench/ncu_kernels.py (the gpu_check step that reads hardware counters): its profiled program
     runs every workload (here on the CPU), and its reader takes ncu's raw CSV apart, skipping the
     units row and the profiler's own lines."""
@@ -108,11 +108,17 @@ def test_the_counters_script_runs_its_workloads_and_reads_ncu_tables():
     spec.loader.exec_module(module)
     nvtx = "thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"
     raw = (f'==PROF== Connected to process 1\nran opforge rms_norm\n"ID","{nvtx}","Kernel Name",'
-           '"gpu__time_duration.sum","dram__bytes_read.sum"\n"","","","nsecond","byte"\n'
+           '"gpu__time_duration.sum","dram__bytes_read.sum","smsp__warp_issue_stalled_barrier_per_warp_active.pct"\n'
+           '"","","","nsecond","byte","%"\n'
            '"0","4413  ""<default domain>:opforge rms_norm:none:none:none:none:none:none"" ","rows_kernel<float>",'
-           '"98,304","268,435,456"\n==PROF== Disconnected\n')
+           '"98,304","268,435,456","12.5"\n==PROF== Disconnected\n')
     (rows,) = module.table(raw)
     assert rows[0] == "opforge rms_norm", rows
     assert rows[1] == "rows_kernel<float>" and rows[2]["gpu__time_duration.sum"] == "98,304", rows
+    # The printed line: the range, the kernel, its time; the barrier stalls read, the others blank.
+    module.print_table([rows])
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("opforge rms_norm: rows_kernel<float>") and " 98.3 " in line and " 12.5 " in line, line
+    assert line.split()[-4:] == ["nan", "12.5", "nan", "nan"], line
     # What is written to ncu_kernels.csv: the CSV alone.
     assert [line[:4] for line in module.csv_lines(raw)] == ['"ID"', '"","', '"0",'], module.csv_lines(raw)
