@@ -353,8 +353,11 @@ void ActivationForward(const char* name, const TensorView& x, const TensorView& 
     using T = decltype(tag);
     const T* src = x.data_as<const T>();
     T* dst = out.data_as<T>();
-    for_each_row<2>(out.shape, {contiguous_strides(out.shape), x.strides}, kActivationGrain, [&](const Row<2>& r) {
-      MapUnary(dst + r.offsets[0], src + r.offsets[1], r.inner[1], r.len, op);
+    // Blocks of rows (for_each_row's Rows): the loop over a block's rows runs in this target's
+    // code, one call from the walker per block instead of one per row.
+    for_each_row<2>(out.shape, {contiguous_strides(out.shape), x.strides}, kActivationGrain, [&](const Rows<2>& r) {
+      for (int64_t c = 0; c < r.count; ++c)
+        MapUnary(dst + r.offsets[0] + c * r.outer[0], src + r.offsets[1] + c * r.outer[1], r.inner[1], r.len, op);
     });
   });
 }
@@ -370,8 +373,10 @@ void ActivationBackward(const char* name, const TensorView& grad, const TensorVi
     T* dst = out.data_as<T>();
     for_each_row<3>(out.shape,
                     {contiguous_strides(out.shape), broadcast_strides(grad, out.shape), broadcast_strides(x, out.shape)},
-                    kActivationGrain, [&](const Row<3>& r) {
-                      MapBinary(dst + r.offsets[0], g + r.offsets[1], r.inner[1], src + r.offsets[2], r.inner[2], r.len, op);
+                    kActivationGrain, [&](const Rows<3>& r) {
+                      for (int64_t c = 0; c < r.count; ++c)
+                        MapBinary(dst + r.offsets[0] + c * r.outer[0], g + r.offsets[1] + c * r.outer[1], r.inner[1],
+                                  src + r.offsets[2] + c * r.outer[2], r.inner[2], r.len, op);
                     });
   });
 }

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 #include "opforge/parallel.h"
@@ -62,6 +63,28 @@ struct Row {
   int64_t len;
 };
 
+// A block of `count` rows of `len` elements each: element j of row c of operand k is at
+// offsets[k] + c * outer[k] + j * inner[k]. A walker's callback that takes it (for_each_row) gets
+// a two-dimensional walk's whole rows as one block and every other row as a block of one. The
+// callbacks are compiled for a SIMD target the walker is not (Highway's per-target code), so they
+// cannot be inlined into the walker: one call per block instead of one per row.
+template <size_t N>
+struct Rows {
+  std::array<int64_t, N> offsets, inner, outer;
+  int64_t len, count;
+};
+
+// fn(r), or fn of a block of the one row where fn takes blocks (Rows).
+template <size_t N, typename F>
+inline void emit_row(F& fn, const Row<N>& r) {
+  if constexpr (std::is_invocable_v<F&, const Rows<N>&>) {
+    const Rows<N> b{r.offsets, r.inner, {}, r.len, 1};
+    fn(b);
+  } else {
+    fn(r);
+  }
+}
+
 // Rows of a tile in walk_in_tiles: a block of kTileRows rows, kTileCols columns at a time.
 // kTileRows float32 fill a cache line; kTileCols lines (and pages) per row segment stay within
 // L1 and the first-level TLB.
@@ -103,7 +126,7 @@ void walk_in_tiles(const InlineInts& dims, const std::array<InlineInts, N>& st, 
             r.inner[k] = st[k][rank - 1];
             r.offsets[k] = base[k] + j * st[k][rank - 2] + c0 * r.inner[k];
           }
-          fn(r);
+          emit_row<N>(fn, r);
         }
       }
     }
@@ -117,7 +140,8 @@ void walk_in_tiles(const InlineInts& dims, const std::array<InlineInts, N>& st, 
 // by a per-channel scale), the strides held in locals: the general walk reads them from
 // InlineInts on every row, and reloads them after each row's stores wherever those could alias
 // them (int64 data), which cost a quarter of the time of 64-element rows (0.35 against 0.28 ms
-// for the same bytes in rows of 256).
+// for the same bytes in rows of 256). A callback that takes blocks (Rows) gets the chunk's whole
+// rows as one.
 template <size_t N, typename F>
 void walk_rows_2d(int64_t begin, int64_t end, int64_t inner, const std::array<InlineInts, N>& st, F& fn) {
   std::array<int64_t, N> outer, step, start;
@@ -127,24 +151,43 @@ void walk_rows_2d(int64_t begin, int64_t end, int64_t inner, const std::array<In
   }
   int64_t row = begin / inner, col = begin % inner;
   for (size_t k = 0; k < N; ++k) start[k] = row * outer[k];
-  for (int64_t pos = begin; pos < end;) {
-    Row<N> r;
-    r.len = std::min(inner - col, end - pos);
-    for (size_t k = 0; k < N; ++k) {
-      r.inner[k] = step[k];
-      r.offsets[k] = start[k] + col * step[k];
-      start[k] += outer[k];
+  if constexpr (std::is_invocable_v<F&, const Rows<N>&>) {
+    // The chunk's partial first row, its whole rows, its partial last row.
+    for (int64_t pos = begin; pos < end;) {
+      Rows<N> b;
+      b.len = std::min(inner - col, end - pos);
+      b.count = col == 0 && b.len == inner ? (end - pos) / inner : 1;
+      for (size_t k = 0; k < N; ++k) {
+        b.inner[k] = step[k];
+        b.outer[k] = outer[k];
+        b.offsets[k] = start[k] + col * step[k];
+        start[k] += b.count * outer[k];
+      }
+      fn(b);
+      pos += b.len * b.count;
+      col = 0;
     }
-    fn(r);
-    pos += r.len;
-    col = 0;
+  } else {
+    for (int64_t pos = begin; pos < end;) {
+      Row<N> r;
+      r.len = std::min(inner - col, end - pos);
+      for (size_t k = 0; k < N; ++k) {
+        r.inner[k] = step[k];
+        r.offsets[k] = start[k] + col * step[k];
+        start[k] += outer[k];
+      }
+      fn(r);
+      pos += r.len;
+      col = 0;
+    }
   }
 }
 
-// Calls fn(Row) over the whole iteration space of `shape`, in parallel chunks of at least
-// `grain` elements, each element once; strides[k] are operand k's strides (already broadcast).
-// The rows come in no particular order (in tiles where an input is transposed): fn writes each
-// element of its output on its own, as every elementwise caller does.
+// Calls fn(Row), or fn(Rows) where fn takes blocks of rows, over the whole iteration space of
+// `shape`, in parallel chunks of at least `grain` elements, each element once; strides[k] are
+// operand k's strides (already broadcast). The rows come in no particular order (in tiles where
+// an input is transposed): fn writes each element of its output on its own, as every
+// elementwise caller does.
 template <size_t N, typename F>
 void for_each_row(const std::vector<int64_t>& shape, const std::array<std::vector<int64_t>, N>& strides,
                   int64_t grain, F&& fn) {
@@ -193,7 +236,7 @@ void for_each_row(const std::vector<int64_t>& shape, const std::array<std::vecto
         r.inner[k] = st[k].back();
         r.offsets[k] = start[k] + col * r.inner[k];
       }
-      fn(r);
+      emit_row<N>(fn, r);
       pos += r.len;
       col = 0;
       for (int64_t d = rank - 2; d >= 0; --d) {

@@ -1,0 +1,102 @@
+// add and mul of a dense [R, C] operand and a [C] row repeated along it (a bias), either order,
+// which the CPU kernel runs as one loop over each chunk's whole rows with the row's index wrapping
+// (simd-inl.h's DenseByRepeatedRow; for_each_row hands it blocks of rows): against the same op
+// on a materialized copy of the repeated row, bit for bit, in every dtype the ops take, on every
+// SIMD target, with three threads so that chunks start and end inside rows, for row lengths that
+// are whole vectors and ones that are not (those take the row-by-row path).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "opforge/half.h"
+#include "opforge/parallel.h"
+#include "test_util.h"
+
+namespace opforge {
+namespace {
+
+using testing::run_op;
+using testing::view;
+
+class RepeatedRow : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    set_simd_target(GetParam());
+    saved_threads_ = num_threads();
+    set_num_threads(3);
+  }
+  void TearDown() override {
+    set_simd_target("");
+    set_num_threads(saved_threads_);
+  }
+
+ private:
+  int64_t saved_threads_ = 1;
+};
+
+template <typename T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::float32;
+  else if constexpr (std::is_same_v<T, double>) return DType::float64;
+  else if constexpr (std::is_same_v<T, bfloat16>) return DType::bfloat16;
+  else if constexpr (std::is_same_v<T, float16>) return DType::float16;
+  else if constexpr (std::is_same_v<T, int32_t>) return DType::int32;
+  else return DType::int64;
+}
+
+template <typename T>
+T random_value(std::mt19937& rng) {
+  if constexpr (std::is_integral_v<T>) return static_cast<T>(std::uniform_int_distribution<int>(-1000, 1000)(rng));
+  else if constexpr (std::is_same_v<T, bfloat16>) return to_bfloat16(std::normal_distribution<float>(0, 2)(rng));
+  else if constexpr (std::is_same_v<T, float16>) return to_float16(std::normal_distribution<float>(0, 2)(rng));
+  else return static_cast<T>(std::normal_distribution<double>(0, 2)(rng));
+}
+
+template <typename T>
+void expect_repeated_row_equals_materialized(const std::string& op, int64_t rows, int64_t cols, bool row_first,
+                                             std::mt19937& rng) {
+  constexpr DType dtype = dtype_of<T>();
+  std::vector<T> dense(rows * cols), row(cols), expanded(rows * cols);
+  for (T& v : dense) v = random_value<T>(rng);
+  for (T& v : row) v = random_value<T>(rng);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(&expanded[r * cols], row.data(), cols * sizeof(T));
+  OpInputs repeated, materialized;
+  auto dense_view = view(dense, dtype, {rows, cols});
+  auto row_view = view(row, dtype, {cols});
+  auto expanded_view = view(expanded, dtype, {rows, cols});
+  repeated.tensors.emplace_back(row_first ? row_view : dense_view);
+  repeated.tensors.emplace_back(row_first ? dense_view : row_view);
+  materialized.tensors.emplace_back(row_first ? expanded_view : dense_view);
+  materialized.tensors.emplace_back(row_first ? dense_view : expanded_view);
+  const auto got = run_op(op, repeated).as<T>(), want = run_op(op, materialized).as<T>();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(T)), 0)
+        << op << " [" << rows << ", " << cols << "] " << (row_first ? "row first" : "row second") << ", element " << i;
+}
+
+TEST_P(RepeatedRow, EqualsTheRowMaterialized) {
+  std::mt19937 rng(23);
+  for (const char* op : {"add", "mul"})
+    for (int64_t cols : {8, 16, 24, 64, 80, 7, 33})
+      for (bool row_first : {false, true}) {
+        // Past three of the walk's 32768-element chunks, ending inside a row.
+        const int64_t rows = 3 * 32768 / cols + 37;
+        expect_repeated_row_equals_materialized<float>(op, rows, cols, row_first, rng);
+        expect_repeated_row_equals_materialized<double>(op, rows, cols, row_first, rng);
+        expect_repeated_row_equals_materialized<bfloat16>(op, rows, cols, row_first, rng);
+        expect_repeated_row_equals_materialized<float16>(op, rows, cols, row_first, rng);
+        expect_repeated_row_equals_materialized<int32_t>(op, rows, cols, row_first, rng);
+        expect_repeated_row_equals_materialized<int64_t>(op, rows, cols, row_first, rng);
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryTarget, RepeatedRow, ::testing::ValuesIn(simd_targets_supported()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+}  // namespace
+}  // namespace opforge
