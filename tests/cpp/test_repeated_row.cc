@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "opforge/half.h"
-#include "opforge/parallel.h"
 #include "test_util.h"
 
 namespace opforge {
@@ -22,21 +21,7 @@ namespace {
 using testing::run_op;
 using testing::view;
 
-class RepeatedRow : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    set_simd_target(GetParam());
-    saved_threads_ = num_threads();
-    set_num_threads(3);
-  }
-  void TearDown() override {
-    set_simd_target("");
-    set_num_threads(saved_threads_);
-  }
-
- private:
-  int64_t saved_threads_ = 1;
-};
+class RepeatedRow : public testing::OnEachTargetWithThreads<3> {};
 
 template <typename T>
 constexpr DType dtype_of() {

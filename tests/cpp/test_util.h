@@ -26,14 +26,16 @@
 namespace opforge::testing {
 
 // A test run once per SIMD target (its parameter; instantiate with
-// ::testing::ValuesIn(simd_targets_supported())) on one thread: the kernels run on the test's
-// thread, so its floating-point flags and the target it pinned are theirs.
-class OnEachTargetOneThread : public ::testing::TestWithParam<std::string> {
+// ::testing::ValuesIn(simd_targets_supported())) with kThreads threads. With one, the kernels run
+// on the test's thread, so its floating-point flags and the target it pinned are theirs; with
+// more, the walks split into chunks that start and end inside rows.
+template <int kThreads>
+class OnEachTargetWithThreads : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     set_simd_target(GetParam());
     saved_threads_ = num_threads();
-    set_num_threads(1);
+    set_num_threads(kThreads);
   }
   void TearDown() override {
     set_simd_target("");
@@ -43,6 +45,7 @@ class OnEachTargetOneThread : public ::testing::TestWithParam<std::string> {
  private:
   int64_t saved_threads_ = 1;
 };
+using OnEachTargetOneThread = OnEachTargetWithThreads<1>;
 
 // Offset of row-major linear index `linear` over `shape` for `strides`, by unravelling.
 inline int64_t naive_offset(int64_t linear, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
