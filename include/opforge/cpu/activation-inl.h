@@ -343,6 +343,26 @@ HWY_INLINE void MapBinary(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, int64_t 
   }
 }
 
+// MapUnary over a block of rows (for_each_row's Rows; operand 0 is out, 1 is a). Contiguous rows
+// of whole vectors (narrow slices: x[:, :16] of a wider x) take one loop over the block, without
+// MapUnary's per-row set-up, which cost a 16-wide slice's relu 1.8x torch's time; the same op
+// on the same vectors, so the same bits.
+template <typename T, class Op>
+HWY_INLINE void MapUnaryRows(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, const Rows<2>& r, const Op& op) {
+  const hn::ScalableTag<Compute<T>> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  if (r.count > 1 && r.inner[0] == 1 && r.inner[1] == 1 && r.len % lanes == 0) {
+    for (int64_t c = 0; c < r.count; ++c) {
+      T* o = out + r.offsets[0] + c * r.outer[0];
+      const T* x = a + r.offsets[1] + c * r.outer[1];
+      for (int64_t i = 0; i < r.len; i += lanes) StoreAs(d, op(d, LoadAs(d, x + i)), o + i);
+    }
+    return;
+  }
+  for (int64_t c = 0; c < r.count; ++c)
+    MapUnary(out + r.offsets[0] + c * r.outer[0], a + r.offsets[1] + c * r.outer[1], r.inner[1], r.len, op);
+}
+
 // Elements per parallel chunk: enough that waking a worker pays off even for relu.
 inline constexpr int64_t kActivationGrain = 1 << 14;
 
@@ -355,10 +375,8 @@ void ActivationForward(const char* name, const TensorView& x, const TensorView& 
     T* dst = out.data_as<T>();
     // Blocks of rows (for_each_row's Rows): the loop over a block's rows runs in this target's
     // code, one call from the walker per block instead of one per row.
-    for_each_row<2>(out.shape, {contiguous_strides(out.shape), x.strides}, kActivationGrain, [&](const Rows<2>& r) {
-      for (int64_t c = 0; c < r.count; ++c)
-        MapUnary(dst + r.offsets[0] + c * r.outer[0], src + r.offsets[1] + c * r.outer[1], r.inner[1], r.len, op);
-    });
+    for_each_row<2>(out.shape, {contiguous_strides(out.shape), x.strides}, kActivationGrain,
+                    [&](const Rows<2>& r) { MapUnaryRows(dst, src, r, op); });
   });
 }
 
