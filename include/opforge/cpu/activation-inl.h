@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "opforge/cpu/exp-inl.h"
 #include "opforge/cpu/piecewise-inl.h"
@@ -353,14 +352,13 @@ HWY_INLINE void MapUnaryRows(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, const
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   if (r.count > 1 && r.inner[0] == 1 && r.inner[1] == 1 && r.len % lanes == 0) {
     for (int64_t c = 0; c < r.count; ++c) {
-      T* o = out + r.offsets[0] + c * r.outer[0];
-      const T* x = a + r.offsets[1] + c * r.outer[1];
+      T* o = out + r.at(0, c);
+      const T* x = a + r.at(1, c);
       for (int64_t i = 0; i < r.len; i += lanes) StoreAs(d, op(d, LoadAs(d, x + i)), o + i);
     }
     return;
   }
-  for (int64_t c = 0; c < r.count; ++c)
-    MapUnary(out + r.offsets[0] + c * r.outer[0], a + r.offsets[1] + c * r.outer[1], r.inner[1], r.len, op);
+  for (int64_t c = 0; c < r.count; ++c) MapUnary(out + r.at(0, c), a + r.at(1, c), r.inner[1], r.len, op);
 }
 
 // Elements per parallel chunk: enough that waking a worker pays off even for relu.
@@ -393,8 +391,7 @@ void ActivationBackward(const char* name, const TensorView& grad, const TensorVi
                     {contiguous_strides(out.shape), broadcast_strides(grad, out.shape), broadcast_strides(x, out.shape)},
                     kActivationGrain, [&](const Rows<3>& r) {
                       for (int64_t c = 0; c < r.count; ++c)
-                        MapBinary(dst + r.offsets[0] + c * r.outer[0], g + r.offsets[1] + c * r.outer[1], r.inner[1],
-                                  src + r.offsets[2] + c * r.outer[2], r.inner[2], r.len, op);
+                        MapBinary(dst + r.at(0, c), g + r.at(1, c), r.inner[1], src + r.at(2, c), r.inner[2], r.len, op);
                     });
   });
 }

@@ -226,8 +226,7 @@ HWY_INLINE void BinaryRows(T* out, const T* a, const T* b, const Rows<3>& r, con
       return DenseByRepeatedRow<false>(out + r.offsets[0], b + r.offsets[2], a + r.offsets[1], r.len, r.count, op);
   }
   for (int64_t c = 0; c < r.count; ++c)
-    BinaryRow(out + r.offsets[0] + c * r.outer[0], a + r.offsets[1] + c * r.outer[1], r.inner[1],
-              b + r.offsets[2] + c * r.outer[2], r.inner[2], r.len, op);
+    BinaryRow(out + r.at(0, c), a + r.at(1, c), r.inner[1], b + r.at(2, c), r.inner[2], r.len, op);
 }
 
 // out = op(x, y) for the numeric dtypes, x and y broadcast to out's shape (stride 0 along
