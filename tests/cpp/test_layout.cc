@@ -103,8 +103,7 @@ TEST(Layout, RandomLayoutsGiveDenseResultsInTheFirstOperandsOrder) {
 void expect_same_as_row_major(const std::string& op, const std::vector<TensorView>& args, const V& shape) {
   OpInputs in;
   for (const auto& a : args) in.tensors.emplace_back(a);
-  for (const ArgSpec& spec : find_op(op).schema().args)  // attributes at their defaults
-    if (!spec.is_tensor()) in.attrs.push_back(*spec.default_value);
+  testing::add_default_attrs(op, in);
   const Outputs specs = infer_outputs(find_op(op), in);
   ASSERT_EQ(specs.size(), 1u);
   ASSERT_EQ(specs[0].shape, shape);

@@ -15,7 +15,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "opforge/half.h"
 #include "test_util.h"
 
 namespace opforge {
@@ -25,16 +24,6 @@ using testing::run_op;
 using testing::view;
 
 class ShortRows : public testing::OnEachTargetWithThreads<3> {};
-
-template <typename T>
-constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::float32;
-  else if constexpr (std::is_same_v<T, double>) return DType::float64;
-  else if constexpr (std::is_same_v<T, bfloat16>) return DType::bfloat16;
-  else if constexpr (std::is_same_v<T, float16>) return DType::float16;
-  else if constexpr (std::is_same_v<T, int32_t>) return DType::int32;
-  else return DType::int64;
-}
 
 template <typename T>
 T random_value(std::mt19937& rng) {
@@ -47,7 +36,7 @@ T random_value(std::mt19937& rng) {
 template <typename T>
 void expect_repeated_row_equals_materialized(const std::string& op, int64_t rows, int64_t cols, bool row_first,
                                              std::mt19937& rng) {
-  constexpr DType dtype = dtype_of<T>();
+  constexpr DType dtype = testing::dtype_of<T>();
   std::vector<T> dense(rows * cols), row(cols), expanded(rows * cols);
   for (T& v : dense) v = random_value<T>(rng);
   for (T& v : row) v = random_value<T>(rng);
@@ -85,18 +74,15 @@ TEST_P(ShortRows, AddAndMulOfARepeatedRowEqualTheRowMaterialized) {
 
 template <typename T>
 void expect_slice_equals_copy(const std::string& op, int64_t rows, int64_t width, int64_t cols, std::mt19937& rng) {
-  constexpr DType dtype = dtype_of<T>();
+  constexpr DType dtype = testing::dtype_of<T>();
   std::vector<T> x(rows * width), copy(rows * cols);
   for (T& v : x) v = random_value<T>(rng);
   for (int64_t r = 0; r < rows; ++r) std::memcpy(&copy[r * cols], &x[r * width], cols * sizeof(T));
   OpInputs slice, contiguous;
   slice.tensors.emplace_back(view(x, dtype, {rows, cols}, {width, 1}));
   contiguous.tensors.emplace_back(view(copy, dtype, {rows, cols}));
-  for (const ArgSpec& spec : find_op(op).schema().args)
-    if (!spec.is_tensor()) {
-      slice.attrs.push_back(*spec.default_value);
-      contiguous.attrs.push_back(*spec.default_value);
-    }
+  testing::add_default_attrs(op, slice);
+  testing::add_default_attrs(op, contiguous);
   const auto got = run_op(op, slice).as<T>(), want = run_op(op, contiguous).as<T>();
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i)

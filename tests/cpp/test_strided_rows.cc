@@ -61,10 +61,7 @@ T from_double(double v) {
 template <typename T>
 void expect_strided_equals_contiguous(const std::string& op, int inputs, int64_t n, std::vector<int64_t> strides,
                                       std::mt19937& rng) {
-  const DType dtype = std::is_same_v<T, float>      ? DType::float32
-                      : std::is_same_v<T, double>   ? DType::float64
-                      : std::is_same_v<T, float16> ? DType::float16
-                                                    : DType::bfloat16;
+  constexpr DType dtype = testing::dtype_of<T>();
   std::vector<std::unique_ptr<PageEnd>> pages;
   std::vector<std::vector<T>> copies(inputs, std::vector<T>(n));
   OpInputs strided, contiguous;
@@ -78,11 +75,8 @@ void expect_strided_equals_contiguous(const std::string& op, int inputs, int64_t
     strided.tensors.emplace_back(view(first, dtype, {n}, {stride}));
     contiguous.tensors.emplace_back(view(copies[k], dtype, {n}));
   }
-  for (const ArgSpec& spec : find_op(op).schema().args)
-    if (!spec.is_tensor()) {
-      strided.attrs.push_back(*spec.default_value);
-      contiguous.attrs.push_back(*spec.default_value);
-    }
+  testing::add_default_attrs(op, strided);
+  testing::add_default_attrs(op, contiguous);
   const auto got = run_op(op, strided).as<T>(), want = run_op(op, contiguous).as<T>();
   ASSERT_EQ(got.size(), want.size());
   for (int64_t i = 0; i < n; ++i)

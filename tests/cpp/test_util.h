@@ -13,11 +13,13 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "opforge/backend.h"
 #include "opforge/dispatch.h"
 #include "opforge/error.h"
+#include "opforge/half.h"
 #include "opforge/parallel.h"
 #include "opforge/registry.h"
 #include "opforge/simd.h"
@@ -154,6 +156,26 @@ template <typename T>
 TensorView view(std::vector<T>& storage, DType dtype, std::vector<int64_t> shape,
                 std::vector<int64_t> strides = {}) {
   return view(storage.data(), dtype, std::move(shape), std::move(strides));
+}
+
+// The DType of element type T.
+template <typename T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::float32;
+  else if constexpr (std::is_same_v<T, double>) return DType::float64;
+  else if constexpr (std::is_same_v<T, float16>) return DType::float16;
+  else if constexpr (std::is_same_v<T, bfloat16>) return DType::bfloat16;
+  else if constexpr (std::is_same_v<T, int32_t>) return DType::int32;
+  else {
+    static_assert(std::is_same_v<T, int64_t>);
+    return DType::int64;
+  }
+}
+
+// Appends op's attributes at their defaults to `in` (after its tensors).
+inline void add_default_attrs(std::string_view op, OpInputs& in) {
+  for (const ArgSpec& spec : find_op(op).schema().args)
+    if (!spec.is_tensor()) in.attrs.push_back(*spec.default_value);
 }
 
 // Runs op `name` as an adapter would: validate, allocate contiguous results, pick a kernel,
