@@ -34,6 +34,7 @@ def cases(n: int):
     row = torch.randn(n)
     nhwc = torch.randn(2, n // 16, n // 8, 64).permute(0, 3, 1, 2)  # channels-last [2, 64, n/16, n/8]: n * n
     bias = torch.randn(64, 1, 1)
+    xh, yh = x.bfloat16(), y.bfloat16()
     sliced = torch.randn(n, 2 * n)[:, ::2]
     return [
         ("gelu contiguous", lambda: ops.gelu(x, "none"), lambda: torch.nn.functional.gelu(x)),
@@ -50,6 +51,9 @@ def cases(n: int):
         ("mul channels-last * bias", lambda: ops.mul(nhwc, bias), lambda: nhwc * bias),
         ("gelu_backward x.T", lambda: ops.gelu_backward(y.T, x.T, "none"),
          lambda: torch.ops.aten.gelu_backward(y.T, x.T)),
+        ("gelu_backward g.T, x", lambda: ops.gelu_backward(y.T, x, "none"),
+         lambda: torch.ops.aten.gelu_backward(y.T, x)),
+        ("add bfloat16 x.T + y", lambda: ops.add(xh.T, yh), lambda: xh.T + yh),
     ]
 
 

@@ -1,4 +1,5 @@
-// add_one on the CPU: one SIMD loop per Highway target, strided inputs walked by rows.
+// add_one on the CPU: one SIMD loop per Highway target, strided inputs walked by rows,
+// transposed ones in squares.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/add_one/add_one_cpu.cc"
 #include <hwy/foreach_target.h>  // re-includes this file once per target
@@ -6,6 +7,7 @@
 
 #include "opforge/cpu/simd-inl.h"
 #include "opforge/cpu/strided.h"
+#include "opforge/cpu/transpose-inl.h"
 #include "opforge/cpu/visit.h"
 #include "opforge/registry.h"
 
@@ -29,8 +31,11 @@ void Run(const KernelCall& call) {
     const T* src = x.data_as<const T>();
     T* dst = out.data_as<T>();
     cpu::for_each_row<2>(out.shape, {contiguous_strides(out.shape), x.strides}, 1 << 15,
-                         [&](const cpu::Row<2>& r) {
-                           UnaryRow(dst + r.offsets[0], src + r.offsets[1], r.inner[1], r.len, PlusOne{});
+                         [&](const cpu::Rows<2>& r) {
+                           const auto piece = [&](int64_t c, int64_t j, int64_t n) {
+                             UnaryRow(dst + r.at(0, c) + j, src + r.at(1, c) + j * r.inner[1], r.inner[1], n, PlusOne{});
+                           };
+                           MapSquaresOrRows<T, 2>(dst, {src}, r, PlusOne{}, piece);
                          });
   });
 }

@@ -7,6 +7,7 @@
 
 #include "opforge/cpu/simd-inl.h"
 #include "opforge/cpu/strided.h"
+#include "opforge/cpu/transpose-inl.h"
 #include "opforge/cpu/visit.h"
 #include "opforge/registry.h"
 
@@ -30,8 +31,11 @@ void Run(const KernelCall& call) {
     const T* src = grad.data_as<const T>();
     T* dst = out.data_as<T>();
     cpu::for_each_row<2>(out.shape, {contiguous_strides(out.shape), grad.strides}, 1 << 15,
-                         [&](const cpu::Row<2>& r) {
-                           UnaryRow(dst + r.offsets[0], src + r.offsets[1], r.inner[1], r.len, Identity{});
+                         [&](const cpu::Rows<2>& r) {
+                           const auto piece = [&](int64_t c, int64_t j, int64_t n) {
+                             UnaryRow(dst + r.at(0, c) + j, src + r.at(1, c) + j * r.inner[1], r.inner[1], n, Identity{});
+                           };
+                           MapSquaresOrRows<T, 2>(dst, {src}, r, Identity{}, piece);
                          });
   });
 }

@@ -5,7 +5,7 @@
 #include <hwy/foreach_target.h>  // re-includes this file once per target
 #include <hwy/highway.h>
 
-#include "opforge/cpu/simd-inl.h"
+#include "opforge/cpu/binary-inl.h"
 #include "opforge/registry.h"
 
 HWY_BEFORE_NAMESPACE();

@@ -2,7 +2,7 @@
 // SIMD target, with three threads so that chunks start and end inside rows, for row lengths that
 // are whole vectors (the block loops) and ones that are not (row by row), bit for bit:
 // - add and mul of a dense [R, C] operand and a [C] row repeated along it (a bias), either order,
-//   one loop over each block with the row's index wrapping (simd-inl.h's DenseByRepeatedRow),
+//   one loop over each block with the row's index wrapping (binary-inl.h's DenseByRepeatedRow),
 //   against the same op on the row materialized, in every dtype the ops take (both ops commute,
 //   so the order is checked only as far as they show it);
 // - activations of narrow slices (x[:, :C] of a wider x), one loop over each block's rows

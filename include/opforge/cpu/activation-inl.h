@@ -27,6 +27,7 @@
 #include "opforge/cpu/piecewise-inl.h"
 #include "opforge/cpu/simd-inl.h"
 #include "opforge/cpu/strided.h"
+#include "opforge/cpu/transpose-inl.h"
 #include "opforge/cpu/visit.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -348,6 +349,10 @@ HWY_INLINE void MapBinary(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, int64_t 
 // on the same vectors, so the same bits.
 template <typename T, class Op>
 HWY_INLINE void MapUnaryRows(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, const Rows<2>& r, const Op& op) {
+  const auto piece = [&](int64_t c, int64_t j, int64_t n) {
+    MapUnary(out + r.at(0, c) + j, a + r.at(1, c) + j * r.inner[1], r.inner[1], n, op);
+  };
+  if (MapSquares<T, 2>(out, {a}, r, op, piece)) return;  // a tile of a transposed x
   const hn::ScalableTag<Compute<T>> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   if (r.count > 1 && r.inner[0] == 1 && r.inner[1] == 1 && r.len % lanes == 0) {
@@ -358,7 +363,7 @@ HWY_INLINE void MapUnaryRows(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, const
     }
     return;
   }
-  for (int64_t c = 0; c < r.count; ++c) MapUnary(out + r.at(0, c), a + r.at(1, c), r.inner[1], r.len, op);
+  for (int64_t c = 0; c < r.count; ++c) piece(c, 0, r.len);
 }
 
 // Elements per parallel chunk: enough that waking a worker pays off even for relu.
@@ -390,8 +395,11 @@ void ActivationBackward(const char* name, const TensorView& grad, const TensorVi
     for_each_row<3>(out.shape,
                     {contiguous_strides(out.shape), broadcast_strides(grad, out.shape), broadcast_strides(x, out.shape)},
                     kActivationGrain, [&](const Rows<3>& r) {
-                      for (int64_t c = 0; c < r.count; ++c)
-                        MapBinary(dst + r.at(0, c), g + r.at(1, c), r.inner[1], src + r.at(2, c), r.inner[2], r.len, op);
+                      const auto piece = [&](int64_t c, int64_t j, int64_t n) {
+                        MapBinary(dst + r.at(0, c) + j, g + r.at(1, c) + j * r.inner[1], r.inner[1],
+                                  src + r.at(2, c) + j * r.inner[2], r.inner[2], n, op);
+                      };
+                      MapSquaresOrRows<T, 3>(dst, {g, src}, r, op, piece);
                     });
   });
 }

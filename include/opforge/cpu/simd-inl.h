@@ -1,6 +1,6 @@
 // Per-target SIMD helpers shared by CPU kernels: load any float dtype as float lanes (double
 // lanes for float64), store back with round-to-nearest-even, and row loops for unary and
-// binary elementwise ops. Re-included once per Highway target, like the kernels using it.
+// binary elementwise ops (binary-inl.h walks whole tensors with them). Re-included once per Highway target, like the kernels using it.
 #if defined(OPFORGE_CPU_SIMD_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef OPFORGE_CPU_SIMD_INL_H_
 #undef OPFORGE_CPU_SIMD_INL_H_
@@ -191,59 +191,6 @@ HWY_INLINE void BinaryRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, int64_t 
     }
   }
   for (; i < n; ++i) out[i] = FromCompute<T>(op(ToCompute(a[i * sa]), ToCompute(b[i * sb])));
-}
-
-// out[c * n + i] = op(dense[c * n + i], row[i]) (op(row[i], dense[c * n + i]) unless kRowSecond)
-// for c < count, i < n, n a whole number of vectors: a dense operand beside a row repeated along
-// it (an [R, C] activation by a [C] bias, channels-last by a per-channel scale) as one loop whose
-// row index wraps.
-template <bool kRowSecond, typename T, class Op>
-HWY_INLINE void DenseByRepeatedRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT dense, const T* HWY_RESTRICT row,
-                                   int64_t n, int64_t count, const Op& op) {
-  const hn::ScalableTag<Compute<T>> d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t total = n * count;
-  for (int64_t i = 0, j = 0; i < total; i += lanes) {
-    const auto v = LoadAs(d, dense + i), w = LoadAs(d, row + j);
-    if constexpr (kRowSecond) StoreAs(d, op(d, v, w), out + i);
-    else StoreAs(d, op(d, w, v), out + i);
-    j += lanes;
-    if (j == n) j = 0;
-  }
-}
-
-// BinaryRow over a block of rows (for_each_row's Rows; operand 0 is out, 1 is a, 2 is b): one
-// loop where one operand is dense across the rows and the other a repeated row, row by row
-// otherwise.
-template <typename T, class Op>
-HWY_INLINE void BinaryRows(T* out, const T* a, const T* b, const Rows<3>& r, const Op& op) {
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<Compute<T>>()));
-  const bool unit_steps = r.inner[0] == 1 && r.inner[1] == 1 && r.inner[2] == 1;
-  if (r.count > 1 && unit_steps && r.len % lanes == 0 && r.outer[0] == r.len) {
-    if (r.outer[1] == r.len && r.outer[2] == 0)
-      return DenseByRepeatedRow<true>(out + r.offsets[0], a + r.offsets[1], b + r.offsets[2], r.len, r.count, op);
-    if (r.outer[1] == 0 && r.outer[2] == r.len)
-      return DenseByRepeatedRow<false>(out + r.offsets[0], b + r.offsets[2], a + r.offsets[1], r.len, r.count, op);
-  }
-  for (int64_t c = 0; c < r.count; ++c)
-    BinaryRow(out + r.at(0, c), a + r.at(1, c), r.inner[1], b + r.at(2, c), r.inner[2], r.len, op);
-}
-
-// out = op(x, y) for the numeric dtypes, x and y broadcast to out's shape (stride 0 along
-// broadcast dimensions, so a broadcast row or scalar stays a SIMD loop), rows split across
-// threads. The whole kernel of add and mul; `name` is the op's, for dtype errors.
-template <class Op>
-void BroadcastBinary(const char* name, const TensorView& x, const TensorView& y, const TensorView& out,
-                     const Op& op) {
-  visit_numeric(x.dtype, name, [&](auto tag) {
-    using T = decltype(tag);
-    const T* a = x.data_as<const T>();
-    const T* b = y.data_as<const T>();
-    T* dst = out.data_as<T>();
-    for_each_row<3>(out.shape,
-                    {contiguous_strides(out.shape), broadcast_strides(x, out.shape), broadcast_strides(y, out.shape)},
-                    1 << 15, [&](const Rows<3>& r) { BinaryRows(dst, a, b, r, op); });
-  });
 }
 
 }  // namespace opforge::cpu::HWY_NAMESPACE
