@@ -133,10 +133,11 @@ void Run(const KernelCall& call) {
     const T* b = bias ? RowOf(*bias, 0, n, b_copy) : nullptr;
     T* dst = call.output().data_as<T>();
     const bool stream = StreamsOutput<T>(rows * n);
-    parallel_for(rows, RowsPerChunk(n), [&](int64_t begin, int64_t end) {
-      std::vector<T> gathered;
+    const int64_t panel = RowSource<T>(x, n).panel_rows();
+    parallel_for(rows, std::max(RowsPerChunk(n), panel), [&](int64_t begin, int64_t end) {
+      RowSource<T> xs(x, n);
       for (int64_t r = begin; r < end; ++r)
-        Row(dst + r * n, RowOf(x, r, n, gathered), w, b, n, eps, stream, NextRowOf<T>(x, r, end, n));
+        Row(dst + r * n, xs.row(r, end), w, b, n, eps, stream, NextRowOf<T>(x, r, end, n));
       StreamFence(stream);
     });
   });

@@ -164,14 +164,15 @@ void Backward(const KernelCall& call) {
   std::vector<C> partial_w(partial_size, C(0)), partial_b(partial_size, C(0));
   const bool stream = want_gx && StreamsOutput<T>(rows * n);
   parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> g_buf, x_buf;
+    RowSource<T> gs(grad, n), xs(x, n);
     for (int64_t k = begin; k < end; ++k) {
-      const int64_t at = kPartials ? k * n : 0;
-      for (int64_t r = rows * k / chunks; r < rows * (k + 1) / chunks; ++r)
-        want_gx ? Row<T, true, kPartials>(gx + r * n, partial_w.data() + at, partial_b.data() + at,
-                                          RowOf(grad, r, n, g_buf), RowOf(x, r, n, x_buf), w, n, eps, stream)
-                : Row<T, false, true>(nullptr, partial_w.data() + at, partial_b.data() + at, RowOf(grad, r, n, g_buf),
-                                      RowOf(x, r, n, x_buf), w, n, eps, false);
+      const int64_t at = kPartials ? k * n : 0, last = rows * (k + 1) / chunks;
+      for (int64_t r = rows * k / chunks; r < last; ++r) {
+        const T *gr = gs.row(r, last), *xr = xs.row(r, last);
+        want_gx ? Row<T, true, kPartials>(gx + r * n, partial_w.data() + at, partial_b.data() + at, gr, xr, w, n, eps,
+                                          stream)
+                : Row<T, false, true>(nullptr, partial_w.data() + at, partial_b.data() + at, gr, xr, w, n, eps, false);
+      }
     }
     StreamFence(stream);
   });

@@ -64,10 +64,11 @@ void Run(const KernelCall& call) {
     const T* w = RowOf(weight, 0, n, weight_copy);
     T* dst = out.data_as<T>();
     const bool stream = StreamsOutput<T>(rows * n);
-    parallel_for(rows, RowsPerChunk(n, 1 << 14), [&](int64_t begin, int64_t end) {
-      std::vector<T> row_copy;
+    const int64_t panel = RowSource<T>(x, n).panel_rows();
+    parallel_for(rows, std::max(RowsPerChunk(n, 1 << 14), panel), [&](int64_t begin, int64_t end) {
+      RowSource<T> xs(x, n);
       for (int64_t r = begin; r < end; ++r)
-        Row(dst + r * n, RowOf(x, r, n, row_copy), w, n, eps, stream, NextRowOf<T>(x, r, end, n));
+        Row(dst + r * n, xs.row(r, end), w, n, eps, stream, NextRowOf<T>(x, r, end, n));
       StreamFence(stream);
     });
   });

@@ -114,12 +114,12 @@ void Backward(const KernelCall& call) {
   std::vector<C> partial(kWeight ? chunks * n : 0, C(0));
   const bool stream = want_gx && StreamsOutput<T>(rows * n);
   parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> g_buf, x_buf;
+    RowSource<T> gs(grad, n), xs(x, n);
     for (int64_t k = begin; k < end; ++k) {
       const int64_t last = rows * (k + 1) / chunks;
       C* gw = partial.data() + (kWeight ? k * n : 0);
       for (int64_t r = rows * k / chunks; r < last; ++r) {
-        const T *gr = RowOf(grad, r, n, g_buf), *xr = RowOf(x, r, n, x_buf);
+        const T *gr = gs.row(r, last), *xr = xs.row(r, last);
         const T *next_g = NextRowOf<T>(grad, r, last, n), *next_x = NextRowOf<T>(x, r, last, n);
         if (want_gx) Row<T, kWeight>(gx + r * n, gw, gr, xr, w, n, eps, stream, next_g, next_x);
         else if constexpr (kWeight) Row<T, true, false>(nullptr, gw, gr, xr, w, n, eps, false, next_g, next_x);

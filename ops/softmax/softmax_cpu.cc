@@ -170,11 +170,12 @@ void Run(const KernelCall& call) {
     const bool cached = n * static_cast<int64_t>(sizeof(C)) <= kCachedRowBytes;
     const bool stream = StreamsOutput<T>(rows * n);
     T* dst = call.output().data_as<T>();
-    parallel_for(rows, RowsPerChunk(n), [&](int64_t begin, int64_t end) {
-      std::vector<T> gathered;
+    const int64_t panel = RowSource<T>(x, n).panel_rows();
+    parallel_for(rows, std::max(RowsPerChunk(n), panel), [&](int64_t begin, int64_t end) {
+      RowSource<T> xs(x, n);
       std::vector<C> scratch(cached ? n : 0);
       for (int64_t r = begin; r < end; ++r) {
-        const T* row = RowOf(x, r, n, gathered);
+        const T* row = xs.row(r, end);
         if (cached) CachedRow(dst + r * n, row, n, scratch.data(), stream, NextRowOf<T>(x, r, end, n));
         else OnlineRow(dst + r * n, row, n, stream);
       }

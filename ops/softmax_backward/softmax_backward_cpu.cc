@@ -53,11 +53,13 @@ void Run(const KernelCall& call) {
     const auto g_strides = broadcast_strides(grad, out.shape), y_strides = broadcast_strides(result, out.shape);
     T* dst = out.data_as<T>();
     const bool stream = StreamsOutput<T>(rows * n);
-    parallel_for(rows, RowsPerChunk(n), [&](int64_t begin, int64_t end) {
-      std::vector<T> g_buf, y_buf;
-      for (int64_t r = begin; r < end; ++r)
-        Row(dst + r * n, RowOf(grad.data_as<const T>(), out.shape, g_strides, r, n, g_buf),
-            RowOf(result.data_as<const T>(), out.shape, y_strides, r, n, y_buf), n, stream);
+    const auto source = [&](const TensorView& t, const std::vector<int64_t>& strides) {
+      return RowSource<T>(t.data_as<const T>(), out.shape, strides, n);
+    };
+    const int64_t panel = std::max(source(grad, g_strides).panel_rows(), source(result, y_strides).panel_rows());
+    parallel_for(rows, std::max(RowsPerChunk(n), panel), [&](int64_t begin, int64_t end) {
+      RowSource<T> gs = source(grad, g_strides), ys = source(result, y_strides);
+      for (int64_t r = begin; r < end; ++r) Row(dst + r * n, gs.row(r, end), ys.row(r, end), n, stream);
       StreamFence(stream);
     });
   });

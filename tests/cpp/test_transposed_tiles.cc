@@ -4,10 +4,12 @@
 // threads: bit for bit against the same op on contiguous copies of the inputs, in every dtype
 // the op takes, for shapes whose rows and columns are whole squares and ones that leave rows and
 // columns over (walked row by row), beside contiguous, broadcast-row and broadcast-column
-// operands, and in a batch of transposes.
+// operands, and in a batch of transposes. And the row ops (softmax, the norms, their backward
+// ops) on transposed rows, which they read a panel at a time (rows-inl.h's RowSource).
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -93,10 +95,11 @@ const char* layout_name(Layout l) {
   return "?";
 }
 
-// op(inputs laid out so) against op(their contiguous copies), bit for bit.
+// op(inputs laid out so, then `tail`) against op(their contiguous copies, then `tail`), every
+// result bit for bit.
 template <typename T>
 void expect_equals_contiguous(const std::string& op, const std::vector<Layout>& layouts, int64_t batch, int64_t rows,
-                              int64_t cols, std::mt19937& rng) {
+                              int64_t cols, std::mt19937& rng, const std::vector<std::optional<TensorView>>& tail = {}) {
   std::vector<Input<T>> inputs;
   for (Layout l : layouts) inputs.push_back(make_input<T>(l, batch, rows, cols, rng));
   OpInputs strided, contiguous;
@@ -104,16 +107,24 @@ void expect_equals_contiguous(const std::string& op, const std::vector<Layout>& 
     strided.tensors.push_back(in.strided);
     contiguous.tensors.push_back(in.contiguous);
   }
+  for (const auto& t : tail) {
+    strided.tensors.push_back(t);
+    contiguous.tensors.push_back(t);
+  }
   testing::add_default_attrs(op, strided);
   testing::add_default_attrs(op, contiguous);
-  const auto got = run_op(op, strided).as<T>(), want = run_op(op, contiguous).as<T>();
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::memcmp(&got[i], &want[i], sizeof(T)) == 0) continue;
-    std::string what = op + "(";
-    for (size_t k = 0; k < layouts.size(); ++k) what += (k ? ", " : "") + std::string(layout_name(layouts[k]));
-    FAIL() << what << ") [" << batch << ", " << rows << ", " << cols << "] " << dtype_name(testing::dtype_of<T>())
-           << ": element " << i << " (row " << i / cols % rows << ", column " << i % cols << ") differs";
+  const testing::Result got_all = run_op(op, strided), want_all = run_op(op, contiguous);
+  for (size_t k = 0; k < want_all.bytes.size(); ++k) {
+    const auto got = got_all.as<T>(k), want = want_all.as<T>(k);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::memcmp(&got[i], &want[i], sizeof(T)) == 0) continue;
+      std::string what = op + "(";
+      for (size_t j = 0; j < layouts.size(); ++j) what += (j ? ", " : "") + std::string(layout_name(layouts[j]));
+      FAIL() << what << ") [" << batch << ", " << rows << ", " << cols << "] " << dtype_name(testing::dtype_of<T>())
+             << ": result " << k << ", element " << i << " (row " << i / cols % rows << ", column " << i % cols
+             << ") differs";
+    }
   }
 }
 
@@ -166,6 +177,39 @@ TEST_P(TransposedTiles, ActivationsAndTheirGradientsEqualContiguousCopies) {
         expect_equals_contiguous<double>(op, layouts, s.batch, s.rows, s.cols, rng);
         expect_equals_contiguous<bfloat16>(op, layouts, s.batch, s.rows, s.cols, rng);
       }
+  }
+}
+
+// Row ops (softmax, the norms and their backward ops) on rows that sit side by side in memory
+// (x.T): read a panel of rows at a time, transposed square by square (rows-inl.h's RowSource).
+// Shapes: row lengths that leave columns past the squares, row counts that leave rows past the
+// panels and chunks, matrices of a batch whose rows do not fill whole panels.
+template <typename T>
+void expect_row_ops(int64_t batch, int64_t rows, int64_t cols, std::mt19937& rng) {
+  using L = Layout;
+  constexpr DType dtype = testing::dtype_of<T>();
+  std::vector<T> weight(cols), bias(cols);
+  for (T& v : weight) v = random_value<T>(rng);
+  for (T& v : bias) v = random_value<T>(rng);
+  const TensorView w = view(weight, dtype, {cols}), b = view(bias, dtype, {cols});
+  expect_equals_contiguous<T>("softmax", {L::kTransposed}, batch, rows, cols, rng);
+  expect_equals_contiguous<T>("rms_norm", {L::kTransposed}, batch, rows, cols, rng, {w});
+  expect_equals_contiguous<T>("layer_norm", {L::kTransposed}, batch, rows, cols, rng, {w, b});
+  for (const auto& layouts : std::vector<std::vector<Layout>>{
+           {L::kTransposed, L::kContiguous}, {L::kContiguous, L::kTransposed}, {L::kTransposed, L::kTransposed}}) {
+    expect_equals_contiguous<T>("softmax_backward", layouts, batch, rows, cols, rng);
+    expect_equals_contiguous<T>("rms_norm_backward", layouts, batch, rows, cols, rng, {w});
+    expect_equals_contiguous<T>("layer_norm_backward", layouts, batch, rows, cols, rng, {w});
+  }
+}
+
+TEST_P(TransposedTiles, RowOpsOfTransposedRowsEqualContiguousCopies) {
+  std::mt19937 rng(41);
+  for (const Shape& s : std::vector<Shape>{{1, 64, 64}, {1, 300, 261}, {1, 37, 45}, {3, 40, 72}, {2, 70, 33}, {1, 600, 512}}) {
+    expect_row_ops<float>(s.batch, s.rows, s.cols, rng);
+    expect_row_ops<double>(s.batch, s.rows, s.cols, rng);
+    expect_row_ops<bfloat16>(s.batch, s.rows, s.cols, rng);
+    expect_row_ops<float16>(s.batch, s.rows, s.cols, rng);
   }
 }
 

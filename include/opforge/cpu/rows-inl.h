@@ -24,6 +24,7 @@
 
 #include "opforge/cpu/simd-inl.h"
 #include "opforge/cpu/strided.h"
+#include "opforge/cpu/transpose-inl.h"
 #include "opforge/tensor.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -87,6 +88,87 @@ const T* RowOf(const T* base, const std::vector<int64_t>& shape, const std::vect
   for (int64_t i = 0; i < n; ++i) buf[i] = row[i * step];
   return buf.data();
 }
+
+// The rows of a tensor (its last dimension, n elements) as contiguous pointers, for a row kernel
+// walking rows r = begin .. end - 1 in order. A row of stride 1 is used in place. Rows whose own
+// elements are apart but which sit side by side (x.T, or x.mT of a batch: row r + 1 starts one
+// element after row r) are copied a panel of rows at a time, each vector a whole load of L rows'
+// elements and each square of L x L transposed in registers; row by row, a gather per element
+// (2048 x 2048 float32 softmax(x.T) ran at 2-3x torch's time, which copies x.T contiguous first).
+// Any other row is gathered on its own.
+template <typename T>
+class RowSource {
+ public:
+  RowSource(const T* base, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides, int64_t n)
+      : base_(base), shape_(shape), strides_(strides), n_(n) {
+    const size_t rank = shape.size();
+    if (kSquares && rank >= 2 && strides.back() != 1 && strides[rank - 2] == 1 && shape[rank - 2] >= kL && n >= kL) {
+      // Panels of up to 4 squares' rows, within ~256 KiB: the kernel reads them back from L2.
+      const int64_t row_bytes = n * static_cast<int64_t>(sizeof(T));
+      panel_rows_ = kL * std::clamp<int64_t>((256 << 10) / (kL * row_bytes), 1, 4);
+    }
+  }
+  RowSource(const TensorView& t, int64_t n) : RowSource(t.data_as<const T>(), t.shape, t.strides, n) {}
+
+  // Rows a chunk of the walk should hold at least, for whole panels (1 without panels).
+  int64_t panel_rows() const { return panel_rows_; }
+
+  // Row r's elements; valid until the next call. [r, end) are rows the caller will read next.
+  const T* row(int64_t r, int64_t end) {
+    if (r >= panel_begin_ && r < panel_end_) return panel_.data() + (r - panel_begin_) * n_;
+    if (panel_rows_ > 1 && FillPanel(r, end)) return panel_.data();
+    return RowOf(base_, shape_, strides_, r, n_, gathered_);
+  }
+
+ private:
+  using C = Compute<T>;
+  static constexpr bool kSquares = !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR &&
+                                   (sizeof(C) == 4 || sizeof(C) == 8);
+  static constexpr int64_t kL = kSquares ? static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<C>())) : 1;
+
+  // Rows r .. r + k (k a multiple of L, as many as the panel, the caller's rows and the rows of
+  // r's matrix allow) into the panel; false where fewer than L are left.
+  bool FillPanel(int64_t r, int64_t end) {
+#if HWY_HAVE_SCALABLE || HWY_TARGET == HWY_SCALAR
+    (void)r, (void)end;
+    return false;
+#else
+    if constexpr (!kSquares) {
+      return false;
+    } else {
+      const size_t rank = shape_.size();
+      const int64_t in_matrix = shape_[rank - 2] - r % shape_[rank - 2];
+      const int64_t count = std::min({panel_rows_, end - r, in_matrix}) / kL * kL;
+      if (count < kL) return false;
+      const hn::ScalableTag<C> d;
+      constexpr size_t L = static_cast<size_t>(kL);
+      const T* first = base_ + offset_of(r, shape_.data(), strides_.data(), static_cast<int64_t>(rank) - 1);
+      const int64_t step = strides_.back(), whole = n_ / kL * kL;
+      panel_.resize(static_cast<size_t>(count * n_));
+      for (int64_t c0 = 0; c0 < count; c0 += kL) {
+        const T* rows = first + c0;  // rows c0 .. c0 + L of the panel, side by side
+        T* dst = panel_.data() + c0 * n_;
+        for (int64_t j0 = 0; j0 < whole; j0 += kL) {
+          hn::Vec<decltype(d)> v[L];
+          for (size_t q = 0; q < L; ++q) v[q] = LoadAs(d, rows + (j0 + static_cast<int64_t>(q)) * step);
+          TransposeSquare(d, v);
+          for (size_t p = 0; p < L; ++p) StoreAs(d, v[p], dst + static_cast<int64_t>(p) * n_ + j0);
+        }
+        for (int64_t p = 0; p < kL; ++p)
+          for (int64_t j = whole; j < n_; ++j) dst[p * n_ + j] = rows[p + j * step];
+      }
+      panel_begin_ = r;
+      panel_end_ = r + count;
+      return true;
+    }
+#endif
+  }
+
+  const T* base_;
+  std::vector<int64_t> shape_, strides_;
+  int64_t n_, panel_rows_ = 1, panel_begin_ = 0, panel_end_ = 0;
+  std::vector<T> panel_, gathered_;
+};
 
 // Row r + 1 of t when the chunk [.., end) holds it and its elements are adjacent, else nullptr:
 // what a row kernel hands to PrefetchBytes while it computes on row r.
