@@ -10,6 +10,7 @@
 #include "opforge/cpu/simd-inl.h"
 #include "opforge/cpu/strided.h"
 #include "opforge/cpu/sum_to_shape-inl.h"
+#include "opforge/cpu/transpose-inl.h"
 #include "opforge/cpu/visit.h"
 #include "opforge/registry.h"
 
@@ -18,10 +19,10 @@ namespace opforge::mul_backward_cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using namespace opforge::cpu::HWY_NAMESPACE;
 
-// gx[i] = g[i] * y[i] and gy[i] = g[i] * x[i] along one row of the walk.
+// gx[i] = g[i] * y[i] and gy[i] = g[i] * x[i] along row c of a block of the walk.
 template <typename T>
-HWY_INLINE void BothRow(const cpu::Row<5>& r, T* gx, T* gy, const T* g, const T* x, const T* y) {
-  gx += r.offsets[0], gy += r.offsets[1], g += r.offsets[2], x += r.offsets[3], y += r.offsets[4];
+HWY_INLINE void BothRow(const cpu::Rows<5>& r, int64_t c, T* gx, T* gy, const T* g, const T* x, const T* y) {
+  gx += r.at(0, c), gy += r.at(1, c), g += r.at(2, c), x += r.at(3, c), y += r.at(4, c);
   const int64_t sg = r.inner[2], sx = r.inner[3], sy = r.inner[4];
   const hn::ScalableTag<Compute<T>> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -40,6 +41,19 @@ HWY_INLINE void BothRow(const cpu::Row<5>& r, T* gx, T* gy, const T* g, const T*
   }
 }
 
+// out = g * other over a block of the walk's operands out, g and other (indices into r): in
+// squares where an input is transposed (transpose-inl.h), else false with nothing done.
+template <typename T>
+HWY_INLINE bool ProductSquares(const cpu::Rows<5>& r, const std::array<size_t, 3>& operands, T* out, const T* g,
+                               const T* other) {
+  const cpu::Rows<3> b = cpu::pick_operands<3>(r, operands);
+  const auto piece = [&](int64_t c, int64_t j, int64_t n) {
+    BinaryRow(out + b.at(0, c) + j, g + b.at(1, c) + j * b.inner[1], b.inner[1], other + b.at(2, c) + j * b.inner[2],
+              b.inner[2], n, SumTimes{});
+  };
+  return MapSquares<T, 3>(out, {g, other}, b, SumTimes{}, piece);
+}
+
 void Run(const KernelCall& call) {
   const TensorView& grad = call.tensor("grad");
   const TensorView& x = call.tensor("x");
@@ -56,8 +70,13 @@ void Run(const KernelCall& call) {
       T* gx = gx_out.data_as<T>();
       T* gy = gy_out.data_as<T>();
       const auto dense = contiguous_strides(grad.shape);
+      // A tile with a transposed input: each gradient in squares, g's tile read again from cache.
       cpu::for_each_row<5>(grad.shape, {dense, dense, grad.strides, x.strides, y.strides}, 1 << 15,
-                           [&](const cpu::Row<5>& r) { BothRow(r, gx, gy, g, xp, yp); });
+                           [&](const cpu::Rows<5>& r) {
+                             if (ProductSquares(r, {0, 2, 4}, gx, g, yp) && ProductSquares(r, {1, 2, 3}, gy, g, xp))
+                               return;
+                             for (int64_t c = 0; c < r.count; ++c) BothRow(r, c, gx, gy, g, xp, yp);
+                           });
       return;
     }
     SumToShape<T, 2>(gx_out, grad.shape, {g, yp}, {grad.strides, broadcast_strides(y, grad.shape)});

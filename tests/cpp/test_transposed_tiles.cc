@@ -170,6 +170,15 @@ TEST_P(TransposedTiles, ActivationsAndTheirGradientsEqualContiguousCopies) {
     }
     expect_equals_contiguous<int32_t>("add_one", {L::kTransposed}, s.batch, s.rows, s.cols, rng);
     expect_equals_contiguous<int64_t>("add_one", {L::kTransposed}, s.batch, s.rows, s.cols, rng);
+    for (const auto& layouts : std::vector<std::vector<Layout>>{{L::kTransposed, L::kContiguous, L::kContiguous},
+                                                                {L::kContiguous, L::kTransposed, L::kContiguous},
+                                                                {L::kTransposed, L::kContiguous, L::kTransposed},
+                                                                {L::kTransposed, L::kTransposed, L::kTransposed}})
+      for (const char* op : {"add_backward", "mul_backward"}) {
+        expect_equals_contiguous<float>(op, layouts, s.batch, s.rows, s.cols, rng);
+        expect_equals_contiguous<double>(op, layouts, s.batch, s.rows, s.cols, rng);
+        expect_equals_contiguous<bfloat16>(op, layouts, s.batch, s.rows, s.cols, rng);
+      }
     for (const char* op : {"relu_backward", "gelu_backward", "silu_backward"})
       for (const auto& layouts : std::vector<std::vector<Layout>>{
                {L::kTransposed, L::kContiguous}, {L::kContiguous, L::kTransposed}, {L::kTransposed, L::kTransposed}}) {

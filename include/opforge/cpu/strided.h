@@ -76,6 +76,21 @@ struct Rows {
   int64_t at(size_t k, int64_t c) const { return offsets[k] + c * outer[k]; }
 };
 
+// Operands ks[0], ks[1], .. of block r, as a block of its own (one output's share of a walk
+// over several outputs).
+template <size_t M, size_t N>
+Rows<M> pick_operands(const Rows<N>& r, const std::array<size_t, M>& ks) {
+  Rows<M> b;
+  b.len = r.len;
+  b.count = r.count;
+  for (size_t i = 0; i < M; ++i) {
+    b.offsets[i] = r.offsets[ks[i]];
+    b.inner[i] = r.inner[ks[i]];
+    b.outer[i] = r.outer[ks[i]];
+  }
+  return b;
+}
+
 // fn(r), or fn of a block of the one row where fn takes blocks (Rows).
 template <size_t N, typename F>
 inline void emit_row(F& fn, const Row<N>& r) {

@@ -115,6 +115,7 @@ class SumWalker {
 
 #include "opforge/cpu/simd-inl.h"
 #include "opforge/cpu/strided.h"
+#include "opforge/cpu/transpose-inl.h"
 #include "opforge/tensor.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -270,12 +271,18 @@ void SumToShape(const TensorView& out, const std::vector<int64_t>& shape, const 
     std::array<std::vector<int64_t>, N + 1> walk;
     walk[0] = contiguous_strides(shape);
     for (size_t k = 0; k < N; ++k) walk[k + 1] = strides[k];
-    for_each_row<N + 1>(shape, walk, 1 << 15, [&](const Row<N + 1>& r) {
-      if constexpr (N == 1)
-        UnaryRow(dst + r.offsets[0], base[0] + r.offsets[1], r.inner[1], r.len, SumIdentity{});
-      else
-        BinaryRow(dst + r.offsets[0], base[0] + r.offsets[1], r.inner[1], base[1] + r.offsets[2], r.inner[2], r.len,
-                  SumTimes{});
+    // Blocks of rows: a transposed operand's tiles go in squares (transpose-inl.h).
+    for_each_row<N + 1>(shape, walk, 1 << 15, [&](const Rows<N + 1>& r) {
+      const auto piece = [&](int64_t c, int64_t j, int64_t n) {
+        T* o = dst + r.at(0, c) + j;
+        const T* a = base[0] + r.at(1, c) + j * r.inner[1];
+        if constexpr (N == 1)
+          UnaryRow(o, a, r.inner[1], n, SumIdentity{});
+        else
+          BinaryRow(o, a, r.inner[1], base[1] + r.at(2, c) + j * r.inner[2], r.inner[2], n, SumTimes{});
+      };
+      if constexpr (N == 1) MapSquaresOrRows<T, 2>(dst, {base[0]}, r, SumIdentity{}, piece);
+      else MapSquaresOrRows<T, 3>(dst, {base[0], base[1]}, r, SumTimes{}, piece);
     });
     return;
   }
