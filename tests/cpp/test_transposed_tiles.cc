@@ -5,9 +5,11 @@
 // the op takes, for shapes whose rows and columns are whole squares and ones that leave rows and
 // columns over (walked row by row), beside contiguous, broadcast-row and broadcast-column
 // operands, and in a batch of transposes. And the row ops (softmax, the norms, their backward
-// ops) on transposed rows, which they read a panel at a time (rows-inl.h's RowSource).
+// ops, the quantizers) on transposed rows, which they read a panel at a time (rows-inl.h's
+// RowSource).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -113,18 +115,17 @@ void expect_equals_contiguous(const std::string& op, const std::vector<Layout>& 
   }
   testing::add_default_attrs(op, strided);
   testing::add_default_attrs(op, contiguous);
-  const testing::Result got_all = run_op(op, strided), want_all = run_op(op, contiguous);
-  for (size_t k = 0; k < want_all.bytes.size(); ++k) {
-    const auto got = got_all.as<T>(k), want = want_all.as<T>(k);
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (std::memcmp(&got[i], &want[i], sizeof(T)) == 0) continue;
-      std::string what = op + "(";
-      for (size_t j = 0; j < layouts.size(); ++j) what += (j ? ", " : "") + std::string(layout_name(layouts[j]));
-      FAIL() << what << ") [" << batch << ", " << rows << ", " << cols << "] " << dtype_name(testing::dtype_of<T>())
-             << ": result " << k << ", element " << i << " (row " << i / cols % rows << ", column " << i % cols
-             << ") differs";
-    }
+  const testing::Result got = run_op(op, strided), want = run_op(op, contiguous);
+  for (size_t k = 0; k < want.bytes.size(); ++k) {
+    ASSERT_EQ(got.bytes[k].size(), want.bytes[k].size());
+    const auto differ = std::mismatch(got.bytes[k].begin(), got.bytes[k].end(), want.bytes[k].begin());
+    if (differ.first == got.bytes[k].end()) continue;
+    const int64_t i = (differ.first - got.bytes[k].begin()) / dtype_size(want.specs[k].dtype);
+    std::string what = op + "(";
+    for (size_t j = 0; j < layouts.size(); ++j) what += (j ? ", " : "") + std::string(layout_name(layouts[j]));
+    FAIL() << what << ") [" << batch << ", " << rows << ", " << cols << "] " << dtype_name(testing::dtype_of<T>())
+           << ": result " << k << ", element " << i << " (of the result's last dimension: " << i % want.specs[k].shape.back()
+           << ") differs";
   }
 }
 
@@ -210,6 +211,16 @@ void expect_row_ops(int64_t batch, int64_t rows, int64_t cols, std::mt19937& rng
     expect_equals_contiguous<T>("rms_norm_backward", layouts, batch, rows, cols, rng, {w});
     expect_equals_contiguous<T>("layer_norm_backward", layouts, batch, rows, cols, rng, {w});
   }
+}
+
+TEST_P(TransposedTiles, QuantizersOfTransposedRowsEqualContiguousCopies) {
+  std::mt19937 rng(43);
+  for (const Shape& s : std::vector<Shape>{{1, 64, 64}, {1, 300, 96}, {1, 37, 512}, {3, 40, 32}, {1, 200, 2048}})
+    for (const char* op : {"quantize_q8_0", "quantize_q4_0"}) {
+      expect_equals_contiguous<float>(op, {Layout::kTransposed}, s.batch, s.rows, s.cols, rng);
+      expect_equals_contiguous<bfloat16>(op, {Layout::kTransposed}, s.batch, s.rows, s.cols, rng);
+      expect_equals_contiguous<float16>(op, {Layout::kTransposed}, s.batch, s.rows, s.cols, rng);
+    }
 }
 
 TEST_P(TransposedTiles, RowOpsOfTransposedRowsEqualContiguousCopies) {
