@@ -54,6 +54,11 @@ def cases(n: int):
         ("gelu_backward g.T, x", lambda: ops.gelu_backward(y.T, x, "none"),
          lambda: torch.ops.aten.gelu_backward(y.T, x)),
         ("add bfloat16 x.T + y", lambda: ops.add(xh.T, yh), lambda: xh.T + yh),
+        ("mul_backward g.T, x, y", lambda: ops.mul_backward(y.T, x, y), lambda: (y.T * y, y.T * x)),
+        ("softmax x.T", lambda: ops.softmax(x.T), lambda: torch.softmax(x.T, -1)),
+        ("rms_norm x.T", lambda: ops.rms_norm(x.T, row), lambda: torch.nn.functional.rms_norm(x.T, (n,), row, 1e-6)),
+        ("layer_norm x.T", lambda: ops.layer_norm(x.T, row, row),
+         lambda: torch.nn.functional.layer_norm(x.T, (n,), row, row)),
     ]
 
 
@@ -66,8 +71,9 @@ def main():
     for label, ours, theirs in runs:  # torch's values, before anything is timed; its layout, since 2026-11-27
         got, want = ours(), theirs()
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        if got.stride() != want.stride():
-            print(f"{label}: opforge's result has strides {got.stride()}, torch's {want.stride()}")
+        for g, w in zip(*((t,) if isinstance(t, torch.Tensor) else tuple(t) for t in (got, want))):
+            if g.stride() != w.stride():
+                print(f"{label}: opforge's result has strides {g.stride()}, torch's {w.stride()}")
     times = {}
     for _ in range(args.rounds):
         for label, ours, theirs in runs:
