@@ -22,21 +22,11 @@
 namespace opforge {
 namespace {
 
+using testing::random_value;
 using testing::run_op;
 using testing::view;
 
 class TransposedTiles : public testing::OnEachTargetWithThreads<3> {};
-
-// Values inside every activation's tables (|x| < 4), so a lane's result never depends on the
-// lanes that share its vector (see test_short_rows.cc's gelu note).
-template <typename T>
-T random_value(std::mt19937& rng) {
-  if constexpr (std::is_integral_v<T>) return static_cast<T>(std::uniform_int_distribution<int>(-1000, 1000)(rng));
-  const double v = std::uniform_real_distribution<double>(-3.5, 3.5)(rng);
-  if constexpr (std::is_same_v<T, bfloat16>) return to_bfloat16(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, float16>) return to_float16(static_cast<float>(v));
-  else return static_cast<T>(v);
-}
 
 // An input of a [batch, rows, cols] op: how it is laid out, and its contiguous copy.
 enum class Layout { kTransposed, kContiguous, kRow, kColumn };

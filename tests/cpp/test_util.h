@@ -172,6 +172,18 @@ constexpr DType dtype_of() {
   }
 }
 
+// A random element for the bitwise layout tests: integers in [-1000, 1000], floats uniform in
+// (-3.5, 3.5), inside every activation's tables, so that a lane's result never depends on the
+// lanes that share its vector (exact gelu takes its tables only when all lanes are inside).
+template <typename T>
+T random_value(std::mt19937& rng) {
+  if constexpr (std::is_integral_v<T>) return static_cast<T>(std::uniform_int_distribution<int>(-1000, 1000)(rng));
+  const double v = std::uniform_real_distribution<double>(-3.5, 3.5)(rng);
+  if constexpr (std::is_same_v<T, bfloat16>) return to_bfloat16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, float16>) return to_float16(static_cast<float>(v));
+  else return static_cast<T>(v);
+}
+
 // Appends op's attributes at their defaults to `in` (after its tensors).
 inline void add_default_attrs(std::string_view op, OpInputs& in) {
   for (const ArgSpec& spec : find_op(op).schema().args)
