@@ -35,6 +35,7 @@ def cases(n: int):
     nhwc = torch.randn(2, n // 16, n // 8, 64).permute(0, 3, 1, 2)  # channels-last [2, 64, n/16, n/8]: n * n
     bias = torch.randn(64, 1, 1)
     xh, yh = x.bfloat16(), y.bfloat16()
+    narrow, y16 = torch.randn(n * n // 16, 32)[:, :16], torch.randn(n * n // 16, 16)  # n * n / 16 rows of 16
     sliced = torch.randn(n, 2 * n)[:, ::2]
     return [
         ("gelu contiguous", lambda: ops.gelu(x, "none"), lambda: torch.nn.functional.gelu(x)),
@@ -54,6 +55,9 @@ def cases(n: int):
         ("gelu_backward g.T, x", lambda: ops.gelu_backward(y.T, x, "none"),
          lambda: torch.ops.aten.gelu_backward(y.T, x)),
         ("add bfloat16 x.T + y", lambda: ops.add(xh.T, yh), lambda: xh.T + yh),
+        ("relu x[:, :16] (32 wide)", lambda: ops.relu(narrow), lambda: torch.relu(narrow)),
+        ("gelu x[:, :16] (32 wide)", lambda: ops.gelu(narrow, "none"), lambda: torch.nn.functional.gelu(narrow)),
+        ("add x[:, :16] + y", lambda: ops.add(narrow, y16), lambda: narrow + y16),
         ("mul_backward g.T, x, y", lambda: ops.mul_backward(y.T, x, y), lambda: (y.T * y, y.T * x)),
         ("softmax x.T", lambda: ops.softmax(x.T), lambda: torch.softmax(x.T, -1)),
         ("rms_norm x.T", lambda: ops.rms_norm(x.T, row), lambda: torch.nn.functional.rms_norm(x.T, (n,), row, 1e-6)),

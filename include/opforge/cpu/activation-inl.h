@@ -355,15 +355,20 @@ HWY_INLINE void MapUnaryRows(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, const
   if (MapSquares<T, 2>(out, {a}, r, op, piece)) return;  // a tile of a transposed x
   const hn::ScalableTag<Compute<T>> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t ahead = r.count > 1 ? RowsAhead<T>(r.outer[1], r.inner[1], r.len) : 0;
   if (r.count > 1 && r.inner[0] == 1 && r.inner[1] == 1 && r.len % lanes == 0) {
     for (int64_t c = 0; c < r.count; ++c) {
       T* o = out + r.at(0, c);
       const T* x = a + r.at(1, c);
+      PrefetchRow(a + r.offsets[1], r.outer[1], c, ahead);
       for (int64_t i = 0; i < r.len; i += lanes) StoreAs(d, op(d, LoadAs(d, x + i)), o + i);
     }
     return;
   }
-  for (int64_t c = 0; c < r.count; ++c) piece(c, 0, r.len);
+  for (int64_t c = 0; c < r.count; ++c) {
+    PrefetchRow(a + r.offsets[1], r.outer[1], c, ahead);
+    piece(c, 0, r.len);
+  }
 }
 
 // Elements per parallel chunk: enough that waking a worker pays off even for relu.
@@ -399,7 +404,14 @@ void ActivationBackward(const char* name, const TensorView& grad, const TensorVi
                         MapBinary(dst + r.at(0, c) + j, g + r.at(1, c) + j * r.inner[1], r.inner[1],
                                   src + r.at(2, c) + j * r.inner[2], r.inner[2], n, op);
                       };
-                      MapSquaresOrRows<T, 3>(dst, {g, src}, r, op, piece);
+                      if (MapSquares<T, 3>(dst, {g, src}, r, op, piece)) return;  // a transposed input's tile
+                      const int64_t ahead_g = r.count > 1 ? RowsAhead<T>(r.outer[1], r.inner[1], r.len) : 0;
+                      const int64_t ahead_x = r.count > 1 ? RowsAhead<T>(r.outer[2], r.inner[2], r.len) : 0;
+                      for (int64_t c = 0; c < r.count; ++c) {
+                        PrefetchRow(g + r.offsets[1], r.outer[1], c, ahead_g);
+                        PrefetchRow(src + r.offsets[2], r.outer[2], c, ahead_x);
+                        piece(c, 0, r.len);
+                      }
                     });
   });
 }

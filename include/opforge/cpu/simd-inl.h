@@ -8,8 +8,10 @@
 #define OPFORGE_CPU_SIMD_INL_H_
 #endif
 
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -87,6 +89,25 @@ HWY_INLINE void StoreAs(D d, hn::Vec<D> v, T* HWY_RESTRICT p) {
     const auto halves = hn::DemoteTo(du16, hn::BitCast(di, hn::ShiftRight<16>(chosen)));
     hn::StoreU(hn::BitCast(hn::Rebind<T, D>(), halves), hn::Rebind<T, D>(), p);
   }
+}
+
+// How many rows ahead a walk should prefetch an operand whose rows start `outer` elements
+// apart but span fewer, skipping whole cache lines between them (x[:, :16] of a 32-wide x reads
+// every other 64-byte line): the hardware prefetcher follows dense streams and left such walks
+// waiting on memory (relu of that slice, 262144 rows, one thread: 7.9 ns a row, torch 5.1; 2.8
+// prefetching 8 KiB ahead). 0 where the rows leave no line out.
+template <typename T>
+HWY_INLINE int64_t RowsAhead(int64_t outer, int64_t inner, int64_t len) {
+  const int64_t pitch = (outer < 0 ? -outer : outer) * static_cast<int64_t>(sizeof(T));
+  const int64_t span = ((len - 1) * (inner < 0 ? -inner : inner) + 1) * static_cast<int64_t>(sizeof(T));
+  if (pitch - span < 64) return 0;
+  return std::max<int64_t>(1, (8 << 10) / pitch);
+}
+
+// Prefetches row c + ahead of an operand whose rows start `outer` elements apart from p (row 0).
+template <typename T>
+HWY_INLINE void PrefetchRow(const T* p, int64_t outer, int64_t c, int64_t ahead) {
+  if (ahead) hwy::Prefetch(p + (c + ahead) * outer);
 }
 
 // Vectors (tag D, over Compute<T>) of a row of T with stride s: lane j of the vector at element i
