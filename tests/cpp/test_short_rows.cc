@@ -5,8 +5,10 @@
 //   one loop over each block with the row's index wrapping (binary-inl.h's DenseByRepeatedRow),
 //   against the same op on the row materialized, in every dtype the ops take (both ops commute,
 //   so the order is checked only as far as they show it);
-// - activations of narrow slices (x[:, :C] of a wider x), one loop over each block's rows
-//   (activation-inl.h's MapUnaryRows), against the same op on a contiguous copy.
+// - activations, add/mul and activation gradients of narrow slices (x[:, :C] of a wider x),
+//   one loop over each block's rows (activation-inl.h's MapUnaryRows), rows of half a vector two
+//   to a vector (simd-inl.h's MapRowPairs), rows prefetched ahead where they skip cache lines,
+//   against the same op on contiguous copies.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -65,34 +67,60 @@ TEST_P(ShortRows, AddAndMulOfARepeatedRowEqualTheRowMaterialized) {
       }
 }
 
+// op of `inputs` slices x[:, :cols] of x's `width` wide (the first input) against op of their
+// contiguous copies; a second input is a slice too, or contiguous when `second_dense`.
 template <typename T>
-void expect_slice_equals_copy(const std::string& op, int64_t rows, int64_t width, int64_t cols, std::mt19937& rng) {
+void expect_slices_equal_copies(const std::string& op, int inputs, bool second_dense, int64_t rows, int64_t width,
+                                int64_t cols, std::mt19937& rng) {
   constexpr DType dtype = testing::dtype_of<T>();
-  std::vector<T> x(rows * width), copy(rows * cols);
-  for (T& v : x) v = random_value<T>(rng);
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(&copy[r * cols], &x[r * width], cols * sizeof(T));
-  OpInputs slice, contiguous;
-  slice.tensors.emplace_back(view(x, dtype, {rows, cols}, {width, 1}));
-  contiguous.tensors.emplace_back(view(copy, dtype, {rows, cols}));
-  testing::add_default_attrs(op, slice);
+  std::vector<std::vector<T>> xs(inputs), copies(inputs);
+  OpInputs slices, contiguous;
+  for (int k = 0; k < inputs; ++k) {
+    const int64_t w = k == 1 && second_dense ? cols : width;
+    xs[k].resize(rows * w);
+    copies[k].resize(rows * cols);
+    for (T& v : xs[k]) v = random_value<T>(rng);
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(&copies[k][r * cols], &xs[k][r * w], cols * sizeof(T));
+    slices.tensors.emplace_back(view(xs[k], dtype, {rows, cols}, {w, 1}));
+    contiguous.tensors.emplace_back(view(copies[k], dtype, {rows, cols}));
+  }
+  testing::add_default_attrs(op, slices);
   testing::add_default_attrs(op, contiguous);
-  const auto got = run_op(op, slice).as<T>(), want = run_op(op, contiguous).as<T>();
+  const auto got = run_op(op, slices).as<T>(), want = run_op(op, contiguous).as<T>();
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i)
     ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(T)), 0)
-        << op << " of x[:, :" << cols << "] (x " << rows << " x " << width << "), element " << i;
+        << op << " of x[:, :" << cols << "] (x " << rows << " x " << width << ")"
+        << (inputs == 2 ? (second_dense ? " and a contiguous operand" : " and another slice") : "") << ", element " << i;
 }
+
+// Widths whose rows are whole vectors on some target (16, 8, 64), half a vector on one (8 and 16
+// on AVX-512, 4 on AVX2, 2 on SSE4: two rows to a vector) or neither (24, 7).
+const std::vector<std::pair<int64_t, int64_t>> kSlices = {{32, 16}, {48, 8}, {128, 64}, {40, 24},
+                                                          {17, 7},  {12, 4}, {6, 2}};
 
 TEST_P(ShortRows, ActivationsOfNarrowSlicesEqualContiguousCopies) {
   std::mt19937 rng(29);
   for (const char* op : {"relu", "gelu", "silu", "add_one"})
-    for (const auto& [width, cols] : std::vector<std::pair<int64_t, int64_t>>{{32, 16}, {48, 8}, {128, 64}, {40, 24}, {17, 7}}) {
+    for (const auto& [width, cols] : kSlices) {
       const int64_t rows = 3 * 32768 / cols + 37;  // past three chunks, ending inside a row
-      expect_slice_equals_copy<float>(op, rows, width, cols, rng);
-      expect_slice_equals_copy<double>(op, rows, width, cols, rng);
-      expect_slice_equals_copy<bfloat16>(op, rows, width, cols, rng);
-      expect_slice_equals_copy<float16>(op, rows, width, cols, rng);
+      expect_slices_equal_copies<float>(op, 1, false, rows, width, cols, rng);
+      expect_slices_equal_copies<double>(op, 1, false, rows, width, cols, rng);
+      expect_slices_equal_copies<bfloat16>(op, 1, false, rows, width, cols, rng);
+      expect_slices_equal_copies<float16>(op, 1, false, rows, width, cols, rng);
     }
+}
+
+TEST_P(ShortRows, BinaryOpsOfNarrowSlicesEqualContiguousCopies) {
+  std::mt19937 rng(31);
+  for (const char* op : {"add", "mul", "gelu_backward", "silu_backward"})
+    for (const auto& [width, cols] : kSlices)
+      for (bool second_dense : {false, true}) {
+        const int64_t rows = 32768 / cols + 37;  // past one chunk
+        expect_slices_equal_copies<float>(op, 2, second_dense, rows, width, cols, rng);
+        expect_slices_equal_copies<double>(op, 2, second_dense, rows, width, cols, rng);
+        expect_slices_equal_copies<bfloat16>(op, 2, second_dense, rows, width, cols, rng);
+      }
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryTarget, ShortRows, ::testing::ValuesIn(simd_targets_supported()),

@@ -353,6 +353,7 @@ HWY_INLINE void MapUnaryRows(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, const
     MapUnary(out + r.at(0, c) + j, a + r.at(1, c) + j * r.inner[1], r.inner[1], n, op);
   };
   if (MapSquares<T, 2>(out, {a}, r, op, piece)) return;  // a tile of a transposed x
+  if (MapRowPairs<T, 2>(out, {a}, r, op, piece)) return;  // rows of half a vector
   const hn::ScalableTag<Compute<T>> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t ahead = r.count > 1 ? RowsAhead<T>(r.outer[1], r.inner[1], r.len) : 0;
@@ -405,6 +406,7 @@ void ActivationBackward(const char* name, const TensorView& grad, const TensorVi
                                   src + r.at(2, c) + j * r.inner[2], r.inner[2], n, op);
                       };
                       if (MapSquares<T, 3>(dst, {g, src}, r, op, piece)) return;  // a transposed input's tile
+                      if (MapRowPairs<T, 3>(dst, {g, src}, r, op, piece)) return;  // rows of half a vector
                       const int64_t ahead_g = r.count > 1 ? RowsAhead<T>(r.outer[1], r.inner[1], r.len) : 0;
                       const int64_t ahead_x = r.count > 1 ? RowsAhead<T>(r.outer[2], r.inner[2], r.len) : 0;
                       for (int64_t c = 0; c < r.count; ++c) {

@@ -51,6 +51,7 @@ HWY_INLINE void BinaryRows(T* out, const T* a, const T* b, const Rows<3>& r, con
               r.inner[2], n, op);
   };
   if (MapSquares<T, 3>(out, {a, b}, r, op, piece)) return;  // a tile with a transposed input
+  if (MapRowPairs<T, 3>(out, {a, b}, r, op, piece)) return;  // rows of half a vector
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<Compute<T>>()));
   const bool unit_steps = r.inner[0] == 1 && r.inner[1] == 1 && r.inner[2] == 1;
   if (r.count > 1 && unit_steps && r.len % lanes == 0 && r.outer[0] == r.len) {
