@@ -366,10 +366,7 @@ HWY_INLINE void MapUnaryRows(T* HWY_RESTRICT out, const T* HWY_RESTRICT a, const
     }
     return;
   }
-  for (int64_t c = 0; c < r.count; ++c) {
-    PrefetchRow(a + r.offsets[1], r.outer[1], c, ahead);
-    piece(c, 0, r.len);
-  }
+  EachRowPrefetching<T, 2>({a}, r, piece);
 }
 
 // Elements per parallel chunk: enough that waking a worker pays off even for relu.
@@ -407,13 +404,7 @@ void ActivationBackward(const char* name, const TensorView& grad, const TensorVi
                       };
                       if (MapSquares<T, 3>(dst, {g, src}, r, op, piece)) return;  // a transposed input's tile
                       if (MapRowPairs<T, 3>(dst, {g, src}, r, op, piece)) return;  // rows of half a vector
-                      const int64_t ahead_g = r.count > 1 ? RowsAhead<T>(r.outer[1], r.inner[1], r.len) : 0;
-                      const int64_t ahead_x = r.count > 1 ? RowsAhead<T>(r.outer[2], r.inner[2], r.len) : 0;
-                      for (int64_t c = 0; c < r.count; ++c) {
-                        PrefetchRow(g + r.offsets[1], r.outer[1], c, ahead_g);
-                        PrefetchRow(src + r.offsets[2], r.outer[2], c, ahead_x);
-                        piece(c, 0, r.len);
-                      }
+                      EachRowPrefetching<T, 3>({g, src}, r, piece);
                     });
   });
 }

@@ -60,13 +60,7 @@ HWY_INLINE void BinaryRows(T* out, const T* a, const T* b, const Rows<3>& r, con
     if (r.outer[1] == 0 && r.outer[2] == r.len)
       return DenseByRepeatedRow<false>(out + r.offsets[0], b + r.offsets[2], a + r.offsets[1], r.len, r.count, op);
   }
-  const int64_t ahead_a = r.count > 1 ? RowsAhead<T>(r.outer[1], r.inner[1], r.len) : 0;
-  const int64_t ahead_b = r.count > 1 ? RowsAhead<T>(r.outer[2], r.inner[2], r.len) : 0;
-  for (int64_t c = 0; c < r.count; ++c) {
-    PrefetchRow(a + r.offsets[1], r.outer[1], c, ahead_a);
-    PrefetchRow(b + r.offsets[2], r.outer[2], c, ahead_b);
-    piece(c, 0, r.len);
-  }
+  EachRowPrefetching<T, 3>({a, b}, r, piece);
 }
 
 // out = op(x, y) for the numeric dtypes, x and y broadcast to out's shape (stride 0 along

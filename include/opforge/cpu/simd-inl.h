@@ -111,6 +111,19 @@ HWY_INLINE void PrefetchRow(const T* p, int64_t outer, int64_t c, int64_t ahead)
   if (ahead) hwy::Prefetch(p + (c + ahead) * outer);
 }
 
+// piece(c, 0, len) for each row c of block r (operand 0 the output, 1.. the inputs at in[]),
+// prefetching ahead the inputs whose rows skip cache lines (RowsAhead).
+template <typename T, size_t N, class Piece>
+HWY_INLINE void EachRowPrefetching(const std::array<const T*, N - 1>& in, const Rows<N>& r, const Piece& piece) {
+  std::array<int64_t, N - 1> ahead{};
+  if (r.count > 1)
+    for (size_t k = 0; k + 1 < N; ++k) ahead[k] = RowsAhead<T>(r.outer[k + 1], r.inner[k + 1], r.len);
+  for (int64_t c = 0; c < r.count; ++c) {
+    for (size_t k = 0; k + 1 < N; ++k) PrefetchRow(in[k] + r.offsets[k + 1], r.outer[k + 1], c, ahead[k]);
+    piece(c, 0, r.len);
+  }
+}
+
 // op over a block of rows (for_each_row's Rows, operand 0 the output, 1.. the N - 1 <= 2 inputs,
 // every operand stepping by 1) whose rows are half a vector long (x[:, :8] of float32 on AVX-512):
 // two rows to a vector, each half one load of its own row; walked row by row, each row went
