@@ -70,7 +70,9 @@ void Run(const KernelCall& call) {
       T* gx = gx_out.data_as<T>();
       T* gy = gy_out.data_as<T>();
       const auto dense = contiguous_strides(grad.shape);
-      // A tile with a transposed input: each gradient in squares, g's tile read again from cache.
+      // A tile with a transposed input: each gradient in squares, g's tile read again from cache
+      // (where only grad_x's operands take squares, grad_x is computed again by BothRow: x with
+      // a stride no square reads, rare enough not to need its own path).
       cpu::for_each_row<5>(grad.shape, {dense, dense, grad.strides, x.strides, y.strides}, 1 << 15,
                            [&](const cpu::Rows<5>& r) {
                              if (ProductSquares(r, {0, 2, 4}, gx, g, yp) && ProductSquares(r, {1, 2, 3}, gy, g, xp))

@@ -257,7 +257,7 @@ HWY_INLINE void GroupScales(const uint32_t* HWY_RESTRICT max_bits, float divisor
 // rest of blocks[] is overwritten (zeros, so the group's vectors stay defined).
 template <quant::Format F, typename T>
 HWY_INLINE void QuantizeGroup(const T* (&blocks)[kGroup], int64_t count, uint8_t* HWY_RESTRICT o) {
-  const T zeros[quant::kBlock] = {};
+  static constexpr T zeros[quant::kBlock] = {};
   HWY_ALIGN uint32_t max_bits[kGroup];
   HWY_ALIGN float d[kGroup], id[kGroup];
   for (int64_t b = count; b < kGroup; ++b) blocks[b] = zeros;

@@ -95,14 +95,15 @@ const T* RowOf(const T* base, const std::vector<int64_t>& shape, const std::vect
 // element after row r) are copied a panel of rows at a time, each vector a whole load of L rows'
 // elements and each square of L x L transposed in registers; row by row, a gather per element
 // (2048 x 2048 float32 softmax(x.T) ran at 2-3x torch's time, which copies x.T contiguous first).
-// Any other row is gathered on its own.
+// Any other row is gathered on its own. shape and strides are held by reference (a source is
+// made per chunk of rows, on every call of a row op): they must outlive it.
 template <typename T>
 class RowSource {
  public:
   RowSource(const T* base, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides, int64_t n)
       : base_(base), shape_(shape), strides_(strides), n_(n) {
     const size_t rank = shape.size();
-    if (kSquares && rank >= 2 && strides.back() != 1 && strides[rank - 2] == 1 && shape[rank - 2] >= kL && n >= kL) {
+    if (kL > 1 && rank >= 2 && strides.back() != 1 && strides[rank - 2] == 1 && shape[rank - 2] >= kL && n >= kL) {
       // Panels of up to 4 squares' rows, within ~256 KiB: the kernel reads them back from L2.
       const int64_t row_bytes = n * static_cast<int64_t>(sizeof(T));
       panel_rows_ = kL * std::clamp<int64_t>((256 << 10) / (kL * row_bytes), 1, 4);
@@ -121,10 +122,7 @@ class RowSource {
   }
 
  private:
-  using C = Compute<T>;
-  static constexpr bool kSquares = !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR &&
-                                   (sizeof(C) == 4 || sizeof(C) == 8);
-  static constexpr int64_t kL = kSquares ? static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<C>())) : 1;
+  static constexpr int64_t kL = kSquareLanes<Compute<T>>;  // 0: no squares, no panels
 
   // Rows r .. r + k (k a multiple of L, as many as the panel, the caller's rows and the rows of
   // r's matrix allow) into the panel; false where fewer than L are left.
@@ -133,14 +131,14 @@ class RowSource {
     (void)r, (void)end;
     return false;
 #else
-    if constexpr (!kSquares) {
+    if constexpr (kL == 0) {
       return false;
     } else {
       const size_t rank = shape_.size();
       const int64_t in_matrix = shape_[rank - 2] - r % shape_[rank - 2];
       const int64_t count = std::min({panel_rows_, end - r, in_matrix}) / kL * kL;
       if (count < kL) return false;
-      const hn::ScalableTag<C> d;
+      const hn::ScalableTag<Compute<T>> d;
       constexpr size_t L = static_cast<size_t>(kL);
       const T* first = base_ + offset_of(r, shape_.data(), strides_.data(), static_cast<int64_t>(rank) - 1);
       const int64_t step = strides_.back(), whole = n_ / kL * kL;
@@ -150,8 +148,7 @@ class RowSource {
         T* dst = panel_.data() + c0 * n_;
         for (int64_t j0 = 0; j0 < whole; j0 += kL) {
           hn::Vec<decltype(d)> v[L];
-          for (size_t q = 0; q < L; ++q) v[q] = LoadAs(d, rows + (j0 + static_cast<int64_t>(q)) * step);
-          TransposeSquare(d, v);
+          LoadSquare(d, rows, 0, step, TileRead::kColumns, 0, j0, v);
           for (size_t p = 0; p < L; ++p) StoreAs(d, v[p], dst + static_cast<int64_t>(p) * n_ + j0);
         }
         for (int64_t p = 0; p < kL; ++p)
@@ -165,7 +162,8 @@ class RowSource {
   }
 
   const T* base_;
-  std::vector<int64_t> shape_, strides_;
+  const std::vector<int64_t>& shape_;
+  const std::vector<int64_t>& strides_;
   int64_t n_, panel_rows_ = 1, panel_begin_ = 0, panel_end_ = 0;
   std::vector<T> panel_, gathered_;
 };

@@ -1,6 +1,7 @@
 // Per-target SIMD helpers shared by CPU kernels: load any float dtype as float lanes (double
 // lanes for float64), store back with round-to-nearest-even, and row loops for unary and
-// binary elementwise ops (binary-inl.h walks whole tensors with them). Re-included once per Highway target, like the kernels using it.
+// binary elementwise ops (binary-inl.h walks whole tensors with them). Re-included once per
+// Highway target, like the kernels using it.
 #if defined(OPFORGE_CPU_SIMD_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef OPFORGE_CPU_SIMD_INL_H_
 #undef OPFORGE_CPU_SIMD_INL_H_

@@ -35,7 +35,15 @@ inline TileRead tile_read(int64_t outer, int64_t inner) {
   return TileRead::kNone;
 }
 
-// The squares need vectors of a fixed lane count (arrays of them) and more than one lane.
+// The side of the squares for compute type C on this target: its lanes, or 0 where there are
+// no squares. They need vectors of a fixed lane count (arrays of them), more than one lane, and
+// lanes of 4 or 8 bytes (the stages below).
+template <typename C>
+inline constexpr int64_t kSquareLanes =
+    (HWY_HAVE_SCALABLE || HWY_TARGET == HWY_SCALAR || (sizeof(C) != 4 && sizeof(C) != 8))
+        ? 0
+        : static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<C>()));
+
 #if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
 
 // One stage of the transpose: rows i and i + kS (i without bit kS) trade their units of kS
@@ -114,13 +122,12 @@ HWY_INLINE bool MapSquares(T* HWY_RESTRICT out, const std::array<const T*, N - 1
 #if HWY_HAVE_SCALABLE || HWY_TARGET == HWY_SCALAR
   return false;
 #else
-  if constexpr (sizeof(Compute<T>) != 4 && sizeof(Compute<T>) != 8) {
+  constexpr int64_t kL = kSquareLanes<Compute<T>>;
+  if constexpr (kL == 0) {
     return false;
   } else {
-    using C = Compute<T>;
-    const hn::ScalableTag<C> d;
-    constexpr size_t L = hn::MaxLanes(hn::ScalableTag<C>());
-    constexpr int64_t kL = static_cast<int64_t>(L);
+    const hn::ScalableTag<Compute<T>> d;
+    constexpr size_t L = static_cast<size_t>(kL);
     if (r.inner[0] != 1 || r.count < kL || r.len < kL) return false;
     std::array<TileRead, N - 1> how;
     bool transposed = false;
