@@ -6,6 +6,11 @@
 #include <hwy/targets.h>
 
 #include <cstdlib>
+#include <cstring>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
 
 #include "opforge/error.h"
 
@@ -75,5 +80,36 @@ void set_simd_target(const std::string& name) {
 }
 
 static EnvironmentPin environment_pin;
+
+namespace {
+bool detect_bf16_convert() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  unsigned eax, ebx, ecx, edx;
+  // CPUID leaf 7, subleaf 1, EAX bit 5: AVX512_BF16. The AVX-512 state the OS must save is
+  // Highway's check before it picks an AVX-512 target, the only code that reads this.
+  return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5));
+#else
+  return false;
+#endif
+}
+
+bool bf16_convert_turned_off_by_environment() {
+  const char* env = std::getenv("OPFORGE_BF16_CONVERT");
+  return env && (std::strcmp(env, "0") == 0 || std::strcmp(env, "off") == 0);
+}
+}  // namespace
+
+bool bf16_convert_supported() {
+  static const bool supported = detect_bf16_convert();
+  return supported;
+}
+
+namespace detail {
+bool bf16_convert_on = bf16_convert_supported() && !bf16_convert_turned_off_by_environment();
+}  // namespace detail
+
+bool bf16_convert_enabled() { return detail::bf16_convert_on; }
+
+void set_bf16_convert_enabled(bool enabled) { detail::bf16_convert_on = enabled && bf16_convert_supported(); }
 
 }  // namespace opforge

@@ -201,6 +201,13 @@ NB_MODULE(_core, m) {
   m.def("set_amx_enabled", &set_amx_enabled, nb::arg("enabled"),
         "Turn AMX on or off for this process (OPFORGE_AMX=0 starts it off); off, the AVX-512 kernels run "
         "as on CPUs without AMX.");
+  m.def("bf16_convert_supported", &bf16_convert_supported,
+        "Whether this CPU converts float to bfloat16 in one instruction (AVX512_BF16).");
+  m.def("bf16_convert_enabled", &bf16_convert_enabled,
+        "Whether the AVX-512 kernels store bfloat16 results with that instruction now.");
+  m.def("set_bf16_convert_enabled", &set_bf16_convert_enabled, nb::arg("enabled"),
+        "Turn the AVX512_BF16 conversion on or off for this process (OPFORGE_BF16_CONVERT=0 starts it off); "
+        "the bits are the same either way, off rounds in software.");
   m.def("set_backend", &set_backend_override, nb::arg("op"), nb::arg("backend"));
   m.def("backend_override", &backend_override, nb::arg("op"));
   m.def("reload_config", &reload_config);

@@ -29,3 +29,23 @@ bool amx_enabled();  // supported and not turned off
 void set_amx_enabled(bool enabled);
 
 }  // namespace opforge
+
+namespace opforge {
+
+// AVX512_BF16's float -> bfloat16 conversion (vcvtneps2bf16: Zen 4 and later, Cooper Lake,
+// Sapphire Rapids and later). The AVX-512 kernels store bfloat16 results with it where the CPU
+// has it: one instruction where rounding in software takes about nine. Same bits either way:
+// both round to nearest even and quiet NaNs, and a vector holding a subnormal lane (which the
+// instruction flushes to zero) is rounded in software. On by default, unless
+// OPFORGE_BF16_CONVERT=0; set_bf16_convert_enabled(false) turns it off (tests compare the two).
+bool bf16_convert_supported();
+bool bf16_convert_enabled();  // supported and not turned off
+void set_bf16_convert_enabled(bool enabled);
+
+namespace detail {
+// bf16_convert_enabled(), read by every bfloat16 store of the AVX-512 kernels (a plain load they
+// may keep in a register for a loop; the switch is for between calls, not during one).
+extern bool bf16_convert_on;
+}  // namespace detail
+
+}  // namespace opforge

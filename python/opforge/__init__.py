@@ -22,9 +22,12 @@ from ._core import (
     amx_enabled,
     amx_supported,
     backends,
+    bf16_convert_enabled,
+    bf16_convert_supported,
     num_threads,
     reload_config,
     set_amx_enabled,
+    set_bf16_convert_enabled,
     set_num_threads,
     set_simd_target,
     simd_target,
@@ -99,14 +102,15 @@ def set_backend(backend: str | None, op: str | None = None) -> None:
 
 
 def info() -> dict:
-    """Version, SIMD targets (compiled, supported, chosen), whether AMX is supported and
-    used, backends, whether linear_act on CUDA uses cuBLASLt, and the thread count."""
+    """Version, SIMD targets (compiled, supported, chosen), whether AMX and the AVX512_BF16
+    conversion are supported and used, backends, whether linear_act on CUDA uses cuBLASLt, and the thread count."""
     return {
         "version": __version__,
         "simd_compiled": simd_targets_compiled(),
         "simd_supported": simd_targets(),
         "simd_chosen": simd_target(),
         "amx": {"supported": amx_supported(), "enabled": amx_enabled()},
+        "bf16_convert": {"supported": bf16_convert_supported(), "enabled": bf16_convert_enabled()},
         "backends": backends(),
         "built_with_cuda": _core.built_with_cuda,
         "cublaslt": _core.cublaslt_status(),

@@ -21,6 +21,9 @@ def _print_info(as_json: bool) -> None:
     print(f"SIMD target chosen: {info['simd_chosen']}")
     amx = info["amx"]
     print(f"AMX (bfloat16 tiles): {'not supported' if not amx['supported'] else 'on' if amx['enabled'] else 'off'}")
+    bf16 = info["bf16_convert"]
+    print("bfloat16 stores by AVX512_BF16: "
+          f"{'not supported' if not bf16['supported'] else 'on' if bf16['enabled'] else 'off'}")
     print(f"CUDA kernels compiled: {'yes' if info['built_with_cuda'] else 'no'}")
     print(f"cuBLASLt (linear_act on CUDA): {info['cublaslt']}")
     print("Backends:")

@@ -76,6 +76,8 @@ def test_info():
     assert set(info) >= {"version", "simd_compiled", "simd_supported", "simd_chosen", "amx", "backends",
                          "built_with_cuda", "num_threads", "ops"}
     assert info["amx"] == {"supported": opforge.amx_supported(), "enabled": opforge.amx_enabled()}
+    assert info["bf16_convert"] == {"supported": opforge.bf16_convert_supported(),
+                                    "enabled": opforge.bf16_convert_enabled()}
     assert info["version"] == opforge.__version__ == importlib.metadata.version("opforge")
     assert info["ops"] == OPS
     assert info["num_threads"] == opforge.num_threads() >= 1
@@ -93,6 +95,39 @@ def test_amx_environment_switch():
     assert run(dict(os.environ, OPFORGE_AMX="0"))[0] == "False"
     enabled, supported = run({k: v for k, v in os.environ.items() if k != "OPFORGE_AMX"})
     assert enabled == supported
+
+
+def test_bf16_convert_switch():
+    """OPFORGE_BF16_CONVERT=0 starts the process with the AVX512_BF16 stores off; by default they
+    are on wherever supported; set_bf16_convert_enabled turns them on and off, and the bits of a
+    bfloat16 result do not change (tests/cpp/test_bf16_convert.cc holds them to the scalar
+    rounding on every target)."""
+    code = "import opforge; print(opforge.bf16_convert_enabled(), opforge.bf16_convert_supported())"
+    run = lambda env: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                     check=True).stdout.split()
+    assert run(dict(os.environ, OPFORGE_BF16_CONVERT="0"))[0] == "False"
+    enabled, supported = run({k: v for k, v in os.environ.items() if k != "OPFORGE_BF16_CONVERT"})
+    assert enabled == supported
+
+    torch = pytest.importorskip("torch")
+    import opforge.torch
+
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((64, 1000)).astype(np.float32)
+    a[0, :4] = [1e-39, -3e-39, 3e38, np.nan]  # subnormal, overflowing and NaN products
+    x, y = (torch.from_numpy(v).to(torch.bfloat16) for v in (a, rng.standard_normal((64, 1000))))
+    before = opforge.bf16_convert_enabled()
+    try:
+        results = []
+        for on in (False, True):
+            opforge.set_bf16_convert_enabled(on)
+            assert opforge.bf16_convert_enabled() == (on and opforge.bf16_convert_supported())
+            results.append(opforge.torch.gelu(opforge.torch.mul(x, y)).view(torch.int16))
+    finally:
+        opforge.set_bf16_convert_enabled(before)
+    assert torch.equal(results[0], results[1])
+    want = torch.nn.functional.gelu((x.double() * y.double()).to(torch.bfloat16).double())
+    torch.testing.assert_close(results[0].view(torch.bfloat16).double(), want, rtol=1e-2, atol=1e-6, equal_nan=True)
 
 
 def cublaslt_status_with(setting):

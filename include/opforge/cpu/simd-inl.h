@@ -21,6 +21,7 @@
 #include "opforge/cpu/strided.h"
 #include "opforge/cpu/visit.h"
 #include "opforge/half.h"
+#include "opforge/simd.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace opforge::cpu::HWY_NAMESPACE {
@@ -68,6 +69,30 @@ HWY_INLINE hn::Vec<D> LoadAs(D d, const T* HWY_RESTRICT p) {
   }
 }
 
+// The AVX-512 targets' bfloat16 store by the CPU's own conversion (opforge/simd.h,
+// bf16_convert_enabled): v's lanes rounded to nearest even, NaNs quieted, stored at p; or false,
+// and nothing stored, where the CPU lacks the instruction (or it is turned off), v is not a whole
+// 512-bit vector (narrower ones are rare on these targets and keep the software rounding), or a
+// lane is subnormal (the instruction flushes those to zero; the software rounding keeps them).
+// Highway 1.0.3 has no target with AVX512_BF16, so the kernels are not compiled with that
+// extension and cannot name its intrinsic: the instruction is written as assembly.
+template <class D>
+HWY_INLINE bool StoreBf16ByCpu(D, hn::Vec<D> v, hwy::bfloat16_t* HWY_RESTRICT p) {
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) && \
+    (defined(__GNUC__) || defined(__clang__))
+  if constexpr (hn::MaxLanes(D()) * sizeof(float) == 64) {
+    if (!detail::bf16_convert_on || _mm512_fpclass_ps_mask(v.raw, 0x20)) return false;  // 0x20: subnormal
+    __m256i out;
+    asm("vcvtneps2bf16 %1, %0" : "=v"(out) : "v"(v.raw));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), out);
+    return true;
+  }
+#endif
+  (void)v;
+  (void)p;
+  return false;
+}
+
 template <typename T, class D>
 HWY_INLINE void StoreAs(D d, hn::Vec<D> v, T* HWY_RESTRICT p) {
   if constexpr (std::is_same_v<T, Compute<T>>) {
@@ -79,6 +104,7 @@ HWY_INLINE void StoreAs(D d, hn::Vec<D> v, T* HWY_RESTRICT p) {
   } else if constexpr (std::is_same_v<T, hwy::float16_t>) {
     hn::StoreU(hn::DemoteTo(hn::Rebind<T, D>(), v), hn::Rebind<T, D>(), p);
   } else {
+    if (StoreBf16ByCpu(d, v, p)) return;
     // Highway 1.0.3's bf16 DemoteTo truncates; round to nearest even like torch and JAX.
     const hn::RebindToUnsigned<D> du;
     const hn::RebindToSigned<D> di;
