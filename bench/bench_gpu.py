@@ -277,12 +277,14 @@ def to_jax(t):
     return jax.device_put(t.cpu().numpy(), device)
 
 
-def bench_reference_ops(ops, args, results, copy_gbs, mm_tflops, l2_bytes, dtype="float32"):
+def bench_reference_ops(ops, args, results, copy_gbs, mm_tflops, l2_bytes, dtype="float32", transposed=False):
+    """transposed: x (the first input) laid out as x.T is, its rows side by side (the row ops'
+    panel kernels); jax arrays have no such layout, so jax.jit sits those out."""
     import torch
 
     rows = max(1, args.mib * (1 << 20) // (4 * COLS))
     for name in ops:
-        label = name if dtype == "float32" else f"{name} {dtype}"
+        label = (name if dtype == "float32" else f"{name} {dtype}") + (" x.T" if transposed else "")
         if out_of_time(args, label):
             continue
         ref = importlib.import_module(f"opforge.references.{name}")
@@ -291,6 +293,8 @@ def bench_reference_ops(ops, args, results, copy_gbs, mm_tflops, l2_bytes, dtype
         base = [torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32 if np.issubdtype(a.dtype, np.floating)
                                                       else a.dtype)).to(DEVICE) for a in map(np.asarray, arrays)]
         base = [t.to(getattr(torch, dtype)) if t.is_floating_point() else t for t in base]
+        if transposed:
+            base[0] = base[0].T.contiguous().T  # the same values, column-major
         try:
             out = getattr(torch.ops.opforge, name)(*base, **attrs)
         except Exception as error:  # one op failing must not cost the others their rows
@@ -299,7 +303,7 @@ def bench_reference_ops(ops, args, results, copy_gbs, mm_tflops, l2_bytes, dtype
         set_bytes = sum(t.numel() * t.element_size() for t in base)
         nbytes = set_bytes + out.numel() * out.element_size()
         sets = [base] + [[t.clone() for t in base] for _ in range(copies_for(set_bytes, l2_bytes) - 1)]
-        impls = implementations(name, ref, attrs, not args.no_compile, not args.no_jax)
+        impls = implementations(name, ref, attrs, not args.no_compile, not args.no_jax and not transposed)
         times = {}
         for impl, (fn, kind) in impls.items():
             try:
@@ -443,6 +447,8 @@ def main(argv=None):
                             l2_bytes, dtype="bfloat16")
     if "matmul_q" in ops:
         bench_matmul_q(args, results, copy_gbs, l2_bytes)
+    bench_reference_ops([o for o in ("rms_norm", "layer_norm", "softmax") if o in ops], args, results, copy_gbs,
+                        mm_tflops, l2_bytes, transposed=True)
     bench_reference_ops([o for o in ops if o not in main_ops and o != "matmul_q"], args, results, copy_gbs, mm_tflops,
                         l2_bytes)
     print(f"\nwrote {args.out / 'ops_cuda.csv'}, {results.markdown(header)} and {results.plot(title, copy_gbs)}")

@@ -1,4 +1,5 @@
-// layer_norm on CUDA: the kernels of layer_norm.cuh, cached rows where the layout allows.
+// layer_norm on CUDA: the kernels of layer_norm.cuh, cached rows where the layout allows, panels
+// of rows where they sit side by side.
 #include "ops/layer_norm/layer_norm.cuh"
 #include "opforge/registry.h"
 
@@ -27,6 +28,10 @@ void run(const KernelCall& call) {
       if (const int threads = cuda::contiguous_row_threads<OwnRow<T>>(x, out, {&w, b})) {
         contiguous_kernel<T><<<cuda::row_blocks(rows), threads, 0, stream>>>(
             out.data_as<T>(), x.data_as<const T>(), w.data_as<const T>(), w.stride(0), bias, b_step, rows, n, eps);
+      } else if (const cuda::Panels panels = cuda::side_by_side_panels<T>(x); panels.count) {
+        panel_kernel<T><<<cuda::row_blocks(panels.count), cuda::PanelRow<T>::kThreads, 0, stream>>>(
+            out.data_as<T>(), x.data_as<const T>(), rows_ix, x.stride(-1), panels, w.data_as<const T>(), w.stride(0),
+            bias, b_step, n, eps);
       } else {
         strided_kernel<T><<<cuda::row_blocks(rows), kThreads, 0, stream>>>(
             out.data_as<T>(), x.data_as<const T>(), rows_ix, x.stride(-1), w.data_as<const T>(), w.stride(0), bias,

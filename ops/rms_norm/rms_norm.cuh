@@ -1,11 +1,11 @@
-// rms_norm's CUDA kernels: one block per row (cuda/rows.cuh): a block-wide sum of squares, then
-// the scaled store. Here, apart from the launches in rms_norm_cuda.cu, so that
+// rms_norm's CUDA kernels: one block per row (cuda/rows.cuh), or one warp per row for rows side
+// by side (cuda/panel_rows.cuh): the row's sum of squares, then the scaled store. Here, apart from the launches in rms_norm_cuda.cu, so that
 // bench/schedules_cuda.cu can time contiguous_kernel with other row schedules.
 #pragma once
 
 #include <cmath>
 
-#include "opforge/cuda/rows.cuh"
+#include "opforge/cuda/panel_rows.cuh"
 
 namespace opforge::rms_norm_cuda {
 
@@ -22,7 +22,7 @@ __device__ __forceinline__ void normalize(T* out, const Row& row, const T* w, in
   using A = cuda::Acc<T>;
   A sum = 0;
   row.each([&](int64_t, A v) { sum += v * v; });
-  const A inv = A(1) / sqrt(cuda::block_sum(sum) / A(n) + A(eps));
+  const A inv = A(1) / sqrt(cuda::row_sum(row, sum) / A(n) + A(eps));
   row.store(out, cuda::Columns<T, 1>{{w}, {w_stride}}, [&](A v, const A* c) { return v * inv * c[0]; });
 }
 
@@ -31,6 +31,18 @@ __global__ void strided_kernel(T* out, const T* x, cuda::Indexer rows_ix, int64_
                                int64_t w_stride, int64_t rows, int64_t n, double eps) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
     normalize(out + r * n, cuda::StridedRow<T>{x + rows_ix.offset(r), col_stride, n}, w, w_stride, n, eps);
+}
+
+// Rows side by side (cuda/panel_rows.cuh): a panel of them per block, one per warp.
+template <typename T>
+__global__ void __launch_bounds__(cuda::PanelRow<T>::kThreads)
+    panel_kernel(T* out, const T* x, cuda::Indexer rows_ix, int64_t col_stride, cuda::Panels panels, const T* w,
+                 int64_t w_stride, int64_t n, double eps) {
+  for (int64_t p = blockIdx.x; p < panels.count; p += gridDim.x) {
+    const int64_t first = panels.first(p);
+    normalize(out + (first + threadIdx.x / 32) * n,
+              cuda::PanelRow<T>{x + rows_ix.offset(first), col_stride, n, panels.rows(p)}, w, w_stride, n, eps);
+  }
 }
 
 // Contiguous aligned rows of type Row (OwnRow<T>, or a schedule bench/schedules_cuda.cu times),

@@ -1,9 +1,10 @@
 // softmax on CUDA: one block per row (cuda/rows.cuh; contiguous aligned rows read once into
-// registers); block-wide max, then sum of exp(x - max), then the scaled store. A row holding
-// NaN or +inf is NaN throughout, as in torch.
+// registers), or one warp per row for rows side by side (cuda/panel_rows.cuh); the row's max,
+// then sum of exp(x - max), then the scaled store. A row holding NaN or +inf is NaN throughout,
+// as in torch.
 #include <cmath>
 
-#include "opforge/cuda/rows.cuh"
+#include "opforge/cuda/panel_rows.cuh"
 #include "opforge/registry.h"
 
 namespace opforge::softmax_cuda {
@@ -20,11 +21,11 @@ __device__ __forceinline__ void softmax_row(T* out, const Row& row) {
     bad |= !(v < inf);
     m = fmax(m, v);
   });
-  bad = __syncthreads_or(bad);
-  m = cuda::block_reduce(m, cuda::Max{});
+  bad = cuda::row_any(row, bad);
+  m = cuda::row_reduce(row, m, cuda::Max{});
   A s = 0;
   row.each([&](int64_t, A v) { s += exp(v - m); });
-  s = cuda::block_sum(s);  // NaN when every entry is -inf
+  s = cuda::row_sum(row, s);  // NaN when every entry is -inf
   const A inv = bad ? A(NAN) : A(1) / s;
   row.store(out, [&](int64_t, A v) { return exp(v - m) * inv; });
 }
@@ -33,6 +34,16 @@ template <typename T>
 __global__ void strided_kernel(T* out, const T* x, cuda::Indexer rows_ix, int64_t step, int64_t rows, int64_t n) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
     softmax_row(out + r * n, cuda::StridedRow<T>{x + rows_ix.offset(r), step, n});
+}
+
+template <typename T>
+__global__ void __launch_bounds__(cuda::PanelRow<T>::kThreads)
+    panel_kernel(T* out, const T* x, cuda::Indexer rows_ix, int64_t step, cuda::Panels panels, int64_t n) {
+  for (int64_t p = blockIdx.x; p < panels.count; p += gridDim.x) {
+    const int64_t first = panels.first(p);
+    softmax_row(out + (first + threadIdx.x / 32) * n,
+                cuda::PanelRow<T>{x + rows_ix.offset(first), step, n, panels.rows(p)});
+  }
 }
 
 template <typename T>
@@ -58,6 +69,9 @@ void run(const KernelCall& call) {
       if (const int threads = cuda::cached_row_threads(x, out, sizeof(T))) {
         cached_kernel<T><<<cuda::row_blocks(rows), threads, 0, stream>>>(out.data_as<T>(), x.data_as<const T>(), rows,
                                                                           n);
+      } else if (const cuda::Panels panels = cuda::side_by_side_panels<T>(x); panels.count) {
+        panel_kernel<T><<<cuda::row_blocks(panels.count), cuda::PanelRow<T>::kThreads, 0, stream>>>(
+            out.data_as<T>(), x.data_as<const T>(), rows_ix, x.stride(-1), panels, n);
       } else {
         strided_kernel<T><<<cuda::row_blocks(rows), kThreads, 0, stream>>>(out.data_as<T>(), x.data_as<const T>(),
                                                                             rows_ix, x.stride(-1), rows, n);

@@ -18,6 +18,26 @@ const std::vector<std::pair<Shape, Shape>> kBroadcast = {
     {{700, 3}, {3}}, {{3, 700}, {3, 1}},  // long sums along and across the inner dimension
     {{9, 64}, {64}}, {{64}, {5, 64}}, {{7, 3}, {1}}};  // a row or one value repeated: map_contiguous's periods
 const std::vector<Shape> kRows = {{0, 8}, {1, 1}, {3, 33}, {5, 256}, {2, 3, 64}, {2, 4096}, {3, 8200}, {70, 40}};
+// Rows side by side (x.T's layout; the row ops' panel kernels): panels cut short (9 rows: 8 and 1
+// in float32; 17 in runs of a batch), chunks past 256 columns, 2 rows, 2 columns.
+const std::vector<Shape> kSideBySide = {{9, 5}, {8, 600}, {2, 17, 33}, {33, 2}, {2, 40}, {40, 300}};
+
+// A tensor of `shape` laid out as x.T: its last two dimensions swapped in memory.
+HostTensor side_by_side(DType d, Shape shape, std::mt19937& rng) {
+  const size_t a = shape.size() - 2, b = shape.size() - 1;
+  std::swap(shape[a], shape[b]);
+  HostTensor t = make(d, shape, Layout::contiguous, rng);
+  std::swap(t.shape[a], t.shape[b]);
+  std::swap(t.strides[a], t.strides[b]);
+  return t;
+}
+// The case's rows: kRows in every layout, then kSideBySide (contiguous only: the layout is theirs).
+int row_shapes() { return int(kRows.size() + kSideBySide.size()); }
+std::optional<HostTensor> rows_input(DType d, int s, Layout l, std::mt19937& rng) {
+  if (s < int(kRows.size())) return make(d, kRows[s], l, rng);
+  if (l != Layout::contiguous) return std::nullopt;
+  return side_by_side(d, kSideBySide[s - kRows.size()], rng);
+}
 
 Shape broadcast(Shape a, Shape b) {
   if (a.size() < b.size()) std::swap(a, b);
@@ -64,16 +84,18 @@ const Shape kTallRows = {2500, 512};
 
 Case norm(bool layer, bool backward) {
   const int variants = backward ? 3 : layer ? 2 : 1;  // output masks, or with and without a bias
-  const int shapes = int(kRows.size()) * variants + (backward ? 1 : 0);
+  const int shapes = row_shapes() * variants + (backward ? 1 : 0);
   return {shapes, [=](DType d, int s, Layout l, std::mt19937& rng) -> std::optional<Inputs> {
-            const bool tall = s == int(kRows.size()) * variants;
+            const bool tall = s == row_shapes() * variants;
             if (tall && l == Layout::misaligned) return std::nullopt;  // contiguous (fused) and strided (three launches)
-            const Shape& shape = tall ? kTallRows : kRows[s / variants];
             const int v = tall ? 0 : s % variants;
+            const std::optional<HostTensor> x = tall ? make(d, kTallRows, l, rng) : rows_input(d, s / variants, l, rng);
+            if (!x) return std::nullopt;
+            const Shape& shape = x->shape;
             auto positive = [](std::mt19937& r) { return 0.5 + std::uniform_real_distribution<double>(0, 1)(r); };
             Inputs in;
             if (backward) in.tensors.push_back(make(d, shape, l, rng));
-            in.tensors.push_back(make(d, shape, l, rng));
+            in.tensors.push_back(x);
             in.tensors.push_back(make(d, last(shape), l, rng, positive));
             if (layer && !backward) in.tensors.push_back(v ? std::optional(make(d, last(shape), l, rng)) : std::nullopt);
             in.attrs.push_back(layer ? 1e-5 : 1e-6);
@@ -83,9 +105,11 @@ Case norm(bool layer, bool backward) {
 }
 
 Case softmax(bool backward) {
-  return {int(kRows.size()), [=](DType d, int s, Layout l, std::mt19937& rng) {
-            Inputs in{{make(d, kRows[s], l, rng)}, {}};
-            if (backward) in.tensors.push_back(make(d, kRows[s], l, rng));
+  return {row_shapes(), [=](DType d, int s, Layout l, std::mt19937& rng) -> std::optional<Inputs> {
+            std::optional<HostTensor> x = rows_input(d, s, l, rng);
+            if (!x) return std::nullopt;
+            Inputs in{{x}, {}};
+            if (backward) in.tensors.push_back(make(d, x->shape, l, rng));
             return in;
           }};
 }

@@ -147,6 +147,13 @@ TEST(CudaEmulated, LayoutsPickTheirKernels) {
   EXPECT_NE(kernels_for("mul", scalar).find("map_contiguous"), std::string::npos);
   const Inputs odd_row{{make(DType::float32, {3, 33}, Layout::contiguous, rng), make(DType::float32, {33}, Layout::contiguous, rng)}, {}};
   EXPECT_EQ(kernels_for("add", odd_row).find("map_contiguous"), std::string::npos);
+  // x.T: rows side by side go in panels, a warp per row
+  HostTensor xt = make(DType::float32, {300, 16}, Layout::contiguous, rng);
+  std::swap(xt.shape[0], xt.shape[1]);
+  std::swap(xt.strides[0], xt.strides[1]);
+  EXPECT_NE(kernels_for("softmax", {{xt}, {}}).find("panel_kernel"), std::string::npos);
+  const Inputs norm_t{{xt, make(DType::float32, {300}, Layout::contiguous, rng)}, {1e-6}};
+  EXPECT_NE(kernels_for("rms_norm", norm_t).find("panel_kernel"), std::string::npos);
 }
 
 // Ops whose contract is the CPU kernel's bits, which the tolerance of the cases above would not see

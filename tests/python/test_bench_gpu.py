@@ -61,6 +61,15 @@ def test_the_issues_ops_have_every_competitor(dry_run):
             assert (op, impl) in impls or impl == "jax.jit" and "jax.jit left out" in stdout, (op, impl)
 
 
+def test_row_ops_are_measured_on_rows_side_by_side(dry_run):
+    """softmax and the norms of x.T (the panel kernels) against torch eager; jax.jit has no such
+    layout to compare."""
+    _, rows, _ = dry_run
+    for op in ("rms_norm x.T", "layer_norm x.T", "softmax x.T"):
+        impls = {r["impl"] for r in rows if r["op"] == op}
+        assert {"opforge", "torch eager"} <= impls and "jax.jit" not in impls, (op, impls)
+
+
 def test_ggml_formats_have_no_false_competitors(dry_run):
     """The quantizers' and dequantize's references are NumPy transcriptions (no framework has
     ggml's formats): timing them as "torch eager" would compare a GPU kernel with the host."""

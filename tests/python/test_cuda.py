@@ -869,8 +869,10 @@ def test_row_kernels_cached_and_in_place(n, dtype, rng):
     w, b = w2[:n], b[:n]
     rtol, atol = rounded_once(dtype)
     atol = max(atol, 1e-5 * (t != torch.float64))
-    # rows in registers where they fit; strided rows; a strided weight (both in place)
-    for v, g in ((x[:, :n].contiguous(), w), (x[:, 1:], w), (x[:, :n].contiguous(), w2[::2])):
+    # rows in registers where they fit; strided rows; a strided weight (both in place); rows side
+    # by side (x.T: panels of rows, the last one cut short)
+    xt = torch.from_numpy(rng.standard_normal((n, 37))).to(t).to(DEVICE).T
+    for v, g in ((x[:, :n].contiguous(), w), (x[:, 1:], w), (x[:, :n].contiguous(), w2[::2]), (xt, w)):
         vd, gd, bd = v.cpu().double(), g.cpu().double(), b.cpu().double()
         y = torch.softmax(vd, -1).to(t)  # the cotangent's partner in softmax_backward, in the op's dtype
         yd = y.double()
