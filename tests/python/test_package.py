@@ -87,28 +87,22 @@ def test_info():
         assert b["available"] or b["reason"], b  # an unavailable backend says why
 
 
-def test_amx_environment_switch():
-    """OPFORGE_AMX=0 starts the process with AMX off; by default it is on wherever supported."""
-    code = "import opforge; print(opforge.amx_enabled(), opforge.amx_supported())"
+@pytest.mark.parametrize("variable, feature", [("OPFORGE_AMX", "amx"), ("OPFORGE_BF16_CONVERT", "bf16_convert")])
+def test_cpu_feature_environment_switch(variable, feature):
+    """OPFORGE_AMX=0 (OPFORGE_BF16_CONVERT=0) starts the process with AMX (the AVX512_BF16 stores)
+    off; by default each is on wherever supported."""
+    code = f"import opforge; print(opforge.{feature}_enabled(), opforge.{feature}_supported())"
     run = lambda env: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                      check=True).stdout.split()
-    assert run(dict(os.environ, OPFORGE_AMX="0"))[0] == "False"
-    enabled, supported = run({k: v for k, v in os.environ.items() if k != "OPFORGE_AMX"})
+    assert run(dict(os.environ, **{variable: "0"}))[0] == "False"
+    enabled, supported = run({k: v for k, v in os.environ.items() if k != variable})
     assert enabled == supported
 
 
-def test_bf16_convert_switch():
-    """OPFORGE_BF16_CONVERT=0 starts the process with the AVX512_BF16 stores off; by default they
-    are on wherever supported; set_bf16_convert_enabled turns them on and off, and the bits of a
-    bfloat16 result do not change (tests/cpp/test_bf16_convert.cc holds them to the scalar
-    rounding on every target)."""
-    code = "import opforge; print(opforge.bf16_convert_enabled(), opforge.bf16_convert_supported())"
-    run = lambda env: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                     check=True).stdout.split()
-    assert run(dict(os.environ, OPFORGE_BF16_CONVERT="0"))[0] == "False"
-    enabled, supported = run({k: v for k, v in os.environ.items() if k != "OPFORGE_BF16_CONVERT"})
-    assert enabled == supported
-
+def test_bf16_convert_switch_keeps_the_bits():
+    """set_bf16_convert_enabled turns the AVX512_BF16 stores on (where supported) and off, and the
+    bits of a bfloat16 result do not change (tests/cpp/test_bf16_convert.cc holds them to the
+    scalar rounding on every target)."""
     torch = pytest.importorskip("torch")
     import opforge.torch
 
