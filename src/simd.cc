@@ -5,6 +5,7 @@
 #include <hwy/highway.h>
 #include <hwy/targets.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -93,10 +94,12 @@ bool detect_bf16_convert() {
 #endif
 }
 
-bool bf16_convert_turned_off_by_environment() {
-  const char* env = std::getenv("OPFORGE_BF16_CONVERT");
+bool turned_off_by_environment(const char* variable) {
+  const char* env = std::getenv(variable);
   return env && (std::strcmp(env, "0") == 0 || std::strcmp(env, "off") == 0);
 }
+
+std::atomic<bool> bf16_dot_on{detect_bf16_convert() && !turned_off_by_environment("OPFORGE_BF16_DOT")};
 }  // namespace
 
 bool bf16_convert_supported() {
@@ -105,11 +108,15 @@ bool bf16_convert_supported() {
 }
 
 namespace detail {
-bool bf16_convert_on = bf16_convert_supported() && !bf16_convert_turned_off_by_environment();
+bool bf16_convert_on = bf16_convert_supported() && !turned_off_by_environment("OPFORGE_BF16_CONVERT");
 }  // namespace detail
 
 bool bf16_convert_enabled() { return detail::bf16_convert_on; }
 
 void set_bf16_convert_enabled(bool enabled) { detail::bf16_convert_on = enabled && bf16_convert_supported(); }
+
+bool bf16_dot_supported() { return bf16_convert_supported(); }  // one CPU feature: AVX512_BF16
+bool bf16_dot_enabled() { return bf16_dot_on.load(std::memory_order_relaxed); }
+void set_bf16_dot_enabled(bool enabled) { bf16_dot_on = enabled && bf16_dot_supported(); }
 
 }  // namespace opforge

@@ -208,6 +208,12 @@ NB_MODULE(_core, m) {
   m.def("set_bf16_convert_enabled", &set_bf16_convert_enabled, nb::arg("enabled"),
         "Turn the AVX512_BF16 conversion on or off for this process (OPFORGE_BF16_CONVERT=0 starts it off); "
         "the bits are the same either way, off rounds in software.");
+  m.def("bf16_dot_supported", &bf16_dot_supported,
+        "Whether this CPU multiplies bfloat16 pairs in one instruction (AVX512_BF16's vdpbf16ps).");
+  m.def("bf16_dot_enabled", &bf16_dot_enabled, "Whether linear_act's bfloat16 products use those dot products now.");
+  m.def("set_bf16_dot_enabled", &set_bf16_dot_enabled, nb::arg("enabled"),
+        "Turn the AVX512_BF16 dot products on or off for this process (OPFORGE_BF16_DOT=0 starts them off); "
+        "off, linear_act's bfloat16 products run on float32 FMAs (other bits: see opforge/simd.h).");
   m.def("set_backend", &set_backend_override, nb::arg("op"), nb::arg("backend"));
   m.def("backend_override", &backend_override, nb::arg("op"));
   m.def("reload_config", &reload_config);

@@ -42,6 +42,17 @@ bool bf16_convert_supported();
 bool bf16_convert_enabled();  // supported and not turned off
 void set_bf16_convert_enabled(bool enabled);
 
+// AVX512_BF16's dot products (vdpbf16ps): linear_act's bfloat16 products on the AVX-512 target
+// multiply pairs of bfloat16 values in one instruction, twice the float32 FMA's products. Like
+// AMX (and oneDNN's kernels on these CPUs), not the bits of the float32 product: each pair adds
+// its odd product, then its even one, and denormal inputs and results are flushed to zero. Used
+// where the CPU has the instruction, both operands are bfloat16 rows of even length (K) and
+// 4-byte aligned; on by default, unless OPFORGE_BF16_DOT=0; set_bf16_dot_enabled(false) turns it
+// off (the float32 FMA product then runs).
+bool bf16_dot_supported();
+bool bf16_dot_enabled();  // supported and not turned off
+void set_bf16_dot_enabled(bool enabled);
+
 namespace detail {
 // bf16_convert_enabled(), read by every bfloat16 store of the AVX-512 kernels (a plain load they
 // may keep in a register for a loop; the switch is for between calls, not during one).

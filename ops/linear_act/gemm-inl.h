@@ -32,6 +32,7 @@
 #include "opforge/cpu/scratch.h"
 #include "opforge/cpu/simd-inl.h"
 #include "opforge/parallel.h"
+#include "ops/linear_act/pair_tile-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace opforge::gemm::HWY_NAMESPACE {
@@ -126,6 +127,7 @@ HWY_NOINLINE void Tile(D d, const C* HWY_RESTRICT panel, const C* const* q_rows,
   }
 }
 
+
 // P's rows in panels of 2 * lanes, [panel][p][row in panel], as Compute values; rows past the
 // end are zero. A row-major P (ps == 1) is transposed in blocks of kPackBlock steps of p, so
 // the block being written stays in L1.
@@ -190,10 +192,14 @@ void QRows(const Operand<TQ>& Q, int64_t s, int64_t valid, int64_t p0, int64_t k
 }
 
 // D = P Q^T through the packed-panel micro-kernel. p_is_a: P is the product's A (the epilogue
-// gets columns of D), else its B (rows of D).
-template <typename TP, typename TQ>
-void Gemm(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is_a, const Epilogue<Compute<TP>>& epi) {
+// gets columns of D), else its B (rows of D). Operands of uint32_t are bfloat16 pairs (element p
+// of such a row: the pair 2p, 2p + 1 of the bfloat16 row, 2p in the low half; K counts pairs),
+// multiplied by PairTile (pair_tile-inl.h) into float32 sums (AVX-512 targets only).
+template <typename TP, typename TQ, typename Sum = Compute<TP>>
+void Gemm(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is_a, const Epilogue<Sum>& epi) {
   using C = Compute<TP>;
+  constexpr bool kPairs = std::is_same_v<TP, uint32_t>;
+  static_assert(!kPairs || (kPairTile && std::is_same_v<TQ, uint32_t> && std::is_same_v<Sum, float>));
   constexpr int S = kTileS;
   const hn::ScalableTag<C> d;
   const int64_t VL = 2 * static_cast<int64_t>(hn::Lanes(d));
@@ -221,7 +227,8 @@ void Gemm(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is_a, co
   parallel_for(r_blocks * s_chunks, std::max<int64_t>(1, (1 << 18) / task_work), [&](int64_t begin, int64_t end) {
     const int64_t ldc = mc_panels * VL;
     // Kept per thread: allocated per task, the 256 KiB scratch alone cost 64 page faults each time.
-    C *scratch = cpu::thread_scratch<C, 0>(nc * ldc), *qbuf = cpu::thread_scratch<C, 1>(S * KC);
+    Sum* scratch = cpu::thread_scratch<Sum, 0>(nc * ldc);
+    C* qbuf = cpu::thread_scratch<C, 1>(S * KC);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t panel0 = task / s_chunks * mc_panels, panel1 = std::min(panels, panel0 + mc_panels);
       const int64_t s0 = task % s_chunks * nc, s1 = std::min(Q.rows, s0 + nc);
@@ -231,8 +238,9 @@ void Gemm(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is_a, co
         const C* q[S];
         QRows(Q, s, valid, p0, kc, qbuf, KC, q);
         for (int64_t panel = panel0; panel < panel1; ++panel) {
-          C* c = scratch + (s - s0) * ldc + (panel - panel0) * VL;
-          Tile(d, packed + (panel * K + p0) * VL, q, kc, c, ldc, p0 > 0);
+          Sum* c = scratch + (s - s0) * ldc + (panel - panel0) * VL;
+          if constexpr (kPairs) PairTile<S>(d, packed + (panel * K + p0) * VL, q, kc, c, ldc, p0 > 0);
+          else Tile(d, packed + (panel * K + p0) * VL, q, kc, c, ldc, p0 > 0);
           if (p0 + kc < K) continue;
           const int64_t r0 = panel * VL, rows = std::min(VL, P.rows - r0);
           if (p_is_a) epi.Cols(r0, s, c, ldc, rows, valid);

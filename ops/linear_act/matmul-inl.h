@@ -140,6 +140,25 @@ inline void AmxGemm(const Operand<hwy::bfloat16_t>& A, const Operand<hwy::bfloat
 }
 #endif
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && (defined(__GNUC__) || defined(__clang__))  // kPairTile
+// Whether a bfloat16 operand's rows read as pairs (Gemm's Operand<uint32_t>): contiguous, each row
+// starting 4-byte aligned.
+inline bool TakesPairs(const Operand<hwy::bfloat16_t>& o) {
+  return o.ps == 1 && (o.rs % 2 == 0 || o.rows == 1) && reinterpret_cast<uintptr_t>(o.data) % 4 == 0;
+}
+
+// D = A B^T over bfloat16 pairs (AVX512_BF16's dot products; opforge/simd.h, bf16_dot_enabled),
+// K even.
+inline void PairGemm(const Operand<hwy::bfloat16_t>& A, const Operand<hwy::bfloat16_t>& B, int64_t K,
+                     const Epilogue<float>& epi) {
+  const auto pairs = [](const Operand<hwy::bfloat16_t>& o) {
+    return Operand<uint32_t>{reinterpret_cast<const uint32_t*>(o.data), o.rows, o.rs / 2, 1};
+  };
+  if (PacksA(A.rows, B.rows, K)) Gemm(pairs(A), pairs(B), K / 2, true, epi);
+  else Gemm(pairs(B), pairs(A), K / 2, false, epi);
+}
+#endif
+
 // D[a, b] = sum_p A(a, p) B(b, p) for a < A.rows, b < B.rows, every tile through `epi`.
 template <typename TA, typename TB>
 void Matmul(const Operand<TA>& A, const Operand<TB>& B, int64_t K, const Epilogue<Compute<TA>>& epi) {
@@ -157,6 +176,9 @@ void Matmul(const Operand<TA>& A, const Operand<TB>& B, int64_t K, const Epilogu
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   if constexpr (std::is_same_v<TA, hwy::bfloat16_t> && std::is_same_v<TB, hwy::bfloat16_t>) {
     if (K > 0 && amx_enabled()) return AmxGemm(A, B, K, epi);
+#if defined(__GNUC__) || defined(__clang__)  // kPairTile
+    if (K % 2 == 0 && bf16_dot_enabled() && TakesPairs(A) && TakesPairs(B)) return PairGemm(A, B, K, epi);
+#endif
   }
 #endif
   if (PacksA(A.rows, B.rows, K)) {

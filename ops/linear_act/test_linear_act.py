@@ -152,16 +152,17 @@ def test_deterministic_across_thread_counts(rng, restore_threads, shape):
     check(x, w, b, "torch", "float32", act="gelu")
 
 
-# The AMX product's paths: x packed (fewer rows) or weight packed; k = 513 and 1030 end in a
-# partial tile inside a second K block; 600 packed rows span two P ranges; odd rows everywhere.
-@pytest.mark.parametrize("shape", [(33, 65, 513), (600, 70, 1030), (700, 600, 64), (40, 7000, 40), (17, 40, 1)],
-                         ids=str)
+# The bfloat16 units' paths (AMX, AVX512_BF16's dot products, FMA): x packed (fewer rows) or weight
+# packed; k = 513 and 1030 end in a partial tile (AMX) or K block inside a second K block, 513 and
+# 1 are odd (no pairs: the FMA product); 600 packed rows span two P ranges; odd rows everywhere.
+@pytest.mark.parametrize("shape", [(33, 65, 513), (600, 70, 1030), (700, 600, 64), (40, 7000, 40), (17, 40, 1),
+                                   (70, 33, 900)], ids=str)
 @pytest.mark.parametrize("act", ["none", "gelu"])
-def test_amx_shapes(amx, rng, shape, act):
+def test_bf16_unit_shapes(bf16_unit, rng, shape, act):
     check(*arrays(rng, *shape, "torch", "bfloat16"), "torch", "bfloat16", act=act)
 
 
-def test_amx_preact_and_gradients_agree(amx, rng):
+def test_bf16_unit_preact_and_gradients_agree(bf16_unit, rng):
     # The saving forward (used when a gradient will be needed) takes the same product.
     x, w, b = arrays(rng, 70, 90, 100, "torch", "bfloat16")
     want = opforge.linear_act(x, w, b, act="silu")
@@ -171,7 +172,7 @@ def test_amx_preact_and_gradients_agree(amx, rng):
     assert x.grad is not None and torch.isfinite(x.grad.float()).all()
 
 
-def test_amx_deterministic_across_thread_counts(amx, rng, restore_threads):
+def test_bf16_unit_deterministic_across_thread_counts(bf16_unit, rng, restore_threads):
     x, w, b = arrays(rng, 300, 260, 520, "torch", "bfloat16")
     results = []
     for threads in (1, 2, 3, 1):
@@ -180,13 +181,13 @@ def test_amx_deterministic_across_thread_counts(amx, rng, restore_threads):
     assert all(torch.equal(r, results[0]) for r in results[1:])
 
 
-def test_amx_flushes_denormals(amx):
-    # The tiles' arithmetic treats denormal inputs as zero (as oneDNN's AMX products do); the
-    # SIMD path keeps them. 2**-130 is a bfloat16 denormal; 2**-130 * 2**100 * 64 = 2**-24.
+def test_bf16_unit_flushes_denormals(bf16_unit):
+    # The tiles' and vdpbf16ps's arithmetic treat denormal inputs as zero (as oneDNN's products on
+    # them do); the FMA path keeps them. 2**-130 is a bfloat16 denormal; 2**-130 * 2**100 * 64 = 2**-24.
     x = torch.full((64, 64), 2.0**-130, dtype=torch.bfloat16)
     w = torch.full((64, 64), 2.0**100, dtype=torch.bfloat16)
     got = opforge.linear_act(x, w)
-    assert torch.equal(got, torch.full_like(got, 0.0 if amx else 2.0**-24))
+    assert torch.equal(got, torch.full_like(got, 2.0**-24 if bf16_unit == "fma" else 0.0))
 
 
 def test_amx_switch():

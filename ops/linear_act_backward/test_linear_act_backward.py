@@ -217,12 +217,12 @@ def test_bad_input(call, error, match):
 # n = 1 and m = 1 (one-value sums), 600 rows of the packed operand (two P ranges), 1030 summed
 # values (a partial tile after a second K block).
 @pytest.mark.parametrize("shape", [(33, 65, 513), (600, 70, 40), (40, 515, 600), (1, 40, 33), (37, 1, 20)], ids=str)
-def test_amx_shapes(amx, rng, shape):
+def test_bf16_unit_shapes(bf16_unit, rng, shape):
     check(*arrays(rng, *shape, "torch", "bfloat16"), "torch", "bfloat16", "gelu")
 
 
 @pytest.mark.parametrize("operand", ["grad", "x", "weight"])
-def test_amx_strided(amx, rng, operand):
+def test_bf16_unit_strided(bf16_unit, rng, operand):
     # A transposed weight or x reaches the tiles' packing with its values apart (no vector path).
     grad, x, w, b = arrays(rng, 40, 50, 33, "torch", "bfloat16")
     shapes = {"grad": (40, 50), "x": (40, 33), "weight": (50, 33)}

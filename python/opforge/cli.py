@@ -24,6 +24,9 @@ def _print_info(as_json: bool) -> None:
     bf16 = info["bf16_convert"]
     print("bfloat16 stores by AVX512_BF16: "
           f"{'not supported' if not bf16['supported'] else 'on' if bf16['enabled'] else 'off'}")
+    dot = info["bf16_dot"]
+    print("bfloat16 products by AVX512_BF16 (linear_act): "
+          f"{'not supported' if not dot['supported'] else 'on' if dot['enabled'] else 'off'}")
     print(f"CUDA kernels compiled: {'yes' if info['built_with_cuda'] else 'no'}")
     print(f"cuBLASLt (linear_act on CUDA): {info['cublaslt']}")
     print("Backends:")

@@ -262,6 +262,28 @@ def simd_target(request):
     opforge.set_simd_target("")
 
 
+@pytest.fixture(params=["amx", "avx512_bf16", "fma"])
+def bf16_unit(request):
+    """Runs the test on each unit linear_act's bfloat16 products can take on this CPU, the AVX3
+    target pinned: AMX tiles, AVX512_BF16 dot products (both flush denormals), float32 FMAs;
+    skipped where this CPU (or OS) lacks the unit or AVX-512."""
+    unit = request.param
+    if "AVX3" not in opforge.simd_targets():
+        pytest.skip("no AVX-512 on this CPU")
+    if unit == "amx" and not opforge.amx_supported():
+        pytest.skip("no AMX on this CPU or OS (needs AMX-BF16 and Linux's tile-state permission)")
+    if unit == "avx512_bf16" and not opforge.bf16_dot_supported():
+        pytest.skip("no AVX512_BF16 on this CPU")
+    before = opforge.amx_enabled(), opforge.bf16_dot_enabled()  # off where the environment started them so
+    opforge.set_simd_target("AVX3")
+    opforge.set_amx_enabled(unit == "amx")
+    opforge.set_bf16_dot_enabled(unit == "avx512_bf16")
+    yield unit
+    opforge.set_amx_enabled(before[0])
+    opforge.set_bf16_dot_enabled(before[1])
+    opforge.set_simd_target("")
+
+
 @pytest.fixture(params=[True, False], ids=["amx", "no_amx"])
 def amx(request):
     """Runs the test with AMX on and off, the AVX3 target pinned; skipped where this CPU (or OS)

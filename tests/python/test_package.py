@@ -76,8 +76,9 @@ def test_info():
     assert set(info) >= {"version", "simd_compiled", "simd_supported", "simd_chosen", "amx", "backends",
                          "built_with_cuda", "num_threads", "ops"}
     assert info["amx"] == {"supported": opforge.amx_supported(), "enabled": opforge.amx_enabled()}
-    assert info["bf16_convert"] == {"supported": opforge.bf16_convert_supported(),
-                                    "enabled": opforge.bf16_convert_enabled()}
+    for feature in ("bf16_convert", "bf16_dot"):
+        assert info[feature] == {"supported": getattr(opforge, f"{feature}_supported")(),
+                                 "enabled": getattr(opforge, f"{feature}_enabled")()}
     assert info["version"] == opforge.__version__ == importlib.metadata.version("opforge")
     assert info["ops"] == OPS
     assert info["num_threads"] == opforge.num_threads() >= 1
@@ -87,10 +88,11 @@ def test_info():
         assert b["available"] or b["reason"], b  # an unavailable backend says why
 
 
-@pytest.mark.parametrize("variable, feature", [("OPFORGE_AMX", "amx"), ("OPFORGE_BF16_CONVERT", "bf16_convert")])
+@pytest.mark.parametrize("variable, feature", [("OPFORGE_AMX", "amx"), ("OPFORGE_BF16_CONVERT", "bf16_convert"),
+                                               ("OPFORGE_BF16_DOT", "bf16_dot")])
 def test_cpu_feature_environment_switch(variable, feature):
-    """OPFORGE_AMX=0 (OPFORGE_BF16_CONVERT=0) starts the process with AMX (the AVX512_BF16 stores)
-    off; by default each is on wherever supported."""
+    """OPFORGE_AMX=0 (OPFORGE_BF16_CONVERT=0, OPFORGE_BF16_DOT=0) starts the process with AMX (the
+    AVX512_BF16 stores, its dot products) off; by default each is on wherever supported."""
     code = f"import opforge; print(opforge.{feature}_enabled(), opforge.{feature}_supported())"
     run = lambda env: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                      check=True).stdout.split()
