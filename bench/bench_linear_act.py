@@ -63,9 +63,17 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(opforge.num_threads())
     torch.manual_seed(0)
-    amx = opforge.amx_supported()
+    amx, dot = opforge.amx_supported(), opforge.bf16_dot_supported()
     print(f"{common.machine()}; opforge {opforge.__version__}, {opforge.num_threads()} threads, AMX "
-          f"{'supported' if amx else 'not supported'}; torch {torch.__version__}, jax {jax.__version__}")
+          f"{'supported' if amx else 'not supported'}, AVX512_BF16 {'supported' if dot else 'not supported'}; "
+          f"torch {torch.__version__}, jax {jax.__version__}")
+    # opforge's bfloat16 units: the best it has, then each turned off in turn (the FMA product last)
+    default = (opforge.amx_enabled(), opforge.bf16_dot_enabled())  # as the environment started them
+    units = [("opforge", default)]
+    if amx:
+        units.append(("opforge (AMX off)", (False, dot)))
+    if dot:
+        units.append(("opforge (AMX, AVX512_BF16 off)" if amx else "opforge (AVX512_BF16 off)", (False, False)))
     cases = []
     for kind in args.kinds.split(","):
         for shape in args.shapes.split(","):
@@ -76,17 +84,19 @@ def main():
                 w = (torch.randn(n, k) / k**0.5).to(dtype)
                 b = torch.randn(n, dtype=dtype)
                 impls = implementations(x, w, b, kind)
-                variants = [("opforge", True)] + ([("opforge (AMX off)", False)] if amx and name == "bfloat16" else [])
+                variants = units if name == "bfloat16" else units[:1]
                 flops = (2.0 if kind == "forward" else 6.0) * m * n * k
                 cases.append((f"{kind} {shape}", name, flops, impls, variants))
     times = {}
     for _ in range(args.rounds):
         for shape, name, _, impls, variants in cases:
-            for label, on in variants:
-                opforge.set_amx_enabled(on)
+            for label, (amx_on, dot_on) in variants:
+                opforge.set_amx_enabled(amx_on)
+                opforge.set_bf16_dot_enabled(dot_on)
                 fn, sync = impls["opforge"]
                 times.setdefault((shape, name, label), []).append(common.median_seconds(fn, args.repeats, sync=sync))
-            opforge.set_amx_enabled(True)
+            opforge.set_amx_enabled(default[0])
+            opforge.set_bf16_dot_enabled(default[1])
             for label in ("torch eager", "jax.jit"):
                 fn, sync = impls[label]
                 times.setdefault((shape, name, label), []).append(common.median_seconds(fn, args.repeats, sync=sync))
