@@ -83,7 +83,7 @@ void set_simd_target(const std::string& name) {
 static EnvironmentPin environment_pin;
 
 namespace {
-bool detect_bf16_convert() {
+bool detect_avx512_bf16() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   unsigned eax, ebx, ecx, edx;
   // CPUID leaf 7, subleaf 1, EAX bit 5: AVX512_BF16. The AVX-512 state the OS must save is
@@ -99,11 +99,11 @@ bool turned_off_by_environment(const char* variable) {
   return env && (std::strcmp(env, "0") == 0 || std::strcmp(env, "off") == 0);
 }
 
-std::atomic<bool> bf16_dot_on{detect_bf16_convert() && !turned_off_by_environment("OPFORGE_BF16_DOT")};
+std::atomic<bool> bf16_dot_on{detect_avx512_bf16() && !turned_off_by_environment("OPFORGE_BF16_DOT")};
 }  // namespace
 
 bool bf16_convert_supported() {
-  static const bool supported = detect_bf16_convert();
+  static const bool supported = detect_avx512_bf16();
   return supported;
 }
 

@@ -127,7 +127,6 @@ HWY_NOINLINE void Tile(D d, const C* HWY_RESTRICT panel, const C* const* q_rows,
   }
 }
 
-
 // P's rows in panels of 2 * lanes, [panel][p][row in panel], as Compute values; rows past the
 // end are zero. A row-major P (ps == 1) is transposed in blocks of kPackBlock steps of p, so
 // the block being written stays in L1.
