@@ -31,6 +31,7 @@
 
 #include "opforge/cpu/scratch.h"
 #include "opforge/cpu/simd-inl.h"
+#include "opforge/cpu/transpose-inl.h"
 #include "opforge/parallel.h"
 #include "ops/linear_act/pair_tile-inl.h"
 
@@ -190,6 +191,32 @@ void QRows(const Operand<TQ>& Q, int64_t s, int64_t valid, int64_t p0, int64_t k
   for (int j = 0; j < kTileS; ++j) rows[j] = buf + (j < valid ? j : 0) * kc_max;
 }
 
+// Q's rows side by side (Q.rs == 1: g^T in the weight gradient) as contiguous Compute rows
+// out[r * K + p], once, in L x L register transposes; QRows gathered them element by element for
+// every block of P rows (2048^3 float32 grad_weight: 49 -> 41 ms).
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR  // LoadSquare's targets
+template <typename TQ, typename C>
+void TransposeRows(const Operand<TQ>& Q, int64_t K, C* HWY_RESTRICT out) {
+  constexpr int64_t L = cpu::HWY_NAMESPACE::kSquareLanes<C>;
+  static_assert(L > 0);
+  const hn::ScalableTag<C> d;
+  const int64_t groups = (Q.rows + L - 1) / L;
+  parallel_for(groups, std::max<int64_t>(1, (1 << 14) / (L * K + 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t c0 = g * L, rows = std::min(L, Q.rows - c0);
+      int64_t j0 = 0;
+      for (; rows == L && j0 + L <= K; j0 += L) {
+        hn::Vec<decltype(d)> v[L];
+        cpu::HWY_NAMESPACE::LoadSquare(d, Q.data, 1, Q.ps, cpu::HWY_NAMESPACE::TileRead::kColumns, c0, j0, v);
+        for (int64_t i = 0; i < L; ++i) hn::StoreU(v[i], d, out + (c0 + i) * K + j0);
+      }
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t p = j0; p < K; ++p) out[(c0 + i) * K + p] = ToCompute(Q.data[c0 + i + p * Q.ps]);
+    }
+  });
+}
+#endif
+
 // D = P Q^T through the packed-panel micro-kernel. p_is_a: P is the product's A (the epilogue
 // gets columns of D), else its B (rows of D). Operands of uint32_t are bfloat16 pairs (element p
 // of such a row: the pair 2p, 2p + 1 of the bfloat16 row, 2p in the low half; K counts pairs),
@@ -199,6 +226,15 @@ void Gemm(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is_a, co
   using C = Compute<TP>;
   constexpr bool kPairs = std::is_same_v<TP, uint32_t>;
   static_assert(!kPairs || (kPairTile && std::is_same_v<TQ, uint32_t> && std::is_same_v<Sum, float>));
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+  if constexpr (!kPairs && cpu::HWY_NAMESPACE::kSquareLanes<C> > 0) {
+    if (Q.rs == 1 && Q.ps != 1 && Q.rows > 1 && K > 0) {  // rows side by side: contiguous once
+      const cpu::BackendBuffer<C> rows(Q.rows * K);
+      TransposeRows(Q, K, rows.get());
+      return Gemm(P, Operand<C>{rows.get(), Q.rows, K, 1}, K, p_is_a, epi);
+    }
+  }
+#endif
   constexpr int S = kTileS;
   const hn::ScalableTag<C> d;
   const int64_t VL = 2 * static_cast<int64_t>(hn::Lanes(d));
