@@ -1,5 +1,6 @@
 // layer_norm's CUDA kernels: one block per row (cuda/rows.cuh), or one warp per row for rows side
-// by side (cuda/panel_rows.cuh); the row's sums of x - x[0] (the mean), then of d^2 and d together with d = x - mean (variance, refined mean), then the store.
+// by side (cuda/panel_rows.cuh); the row's sums of x - x[0] (the mean), then of d^2 and d
+// together with d = x - mean (variance, refined mean), then the store.
 // As in the CPU kernel, the mean is kept as base + mu (TwoSum) and subtracted in two steps, so a
 // large mean costs no precision. Here, apart from the launches in layer_norm_cuda.cu, so that
 // bench/schedules_cuda.cu can time contiguous_kernel with other row schedules.

@@ -1,6 +1,7 @@
 // rms_norm's CUDA kernels: one block per row (cuda/rows.cuh), or one warp per row for rows side
-// by side (cuda/panel_rows.cuh): the row's sum of squares, then the scaled store. Here, apart from the launches in rms_norm_cuda.cu, so that
-// bench/schedules_cuda.cu can time contiguous_kernel with other row schedules.
+// by side (cuda/panel_rows.cuh): the row's sum of squares, then the scaled store. Here, apart
+// from the launches in rms_norm_cuda.cu, so that bench/schedules_cuda.cu can time
+// contiguous_kernel with other row schedules.
 #pragma once
 
 #include <cmath>
