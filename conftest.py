@@ -7,7 +7,7 @@ seed is printed in the failure report, and OPFORGE_TEST_SEED=<seed> replays it.
 import pytest
 
 import opforge
-from opforge.testing import amx, bf16_unit, rng, simd_target  # noqa: F401  (fixtures for every test; also enables jax x64)
+from opforge.testing import bf16_unit, rng, simd_target  # noqa: F401  (fixtures for every test; also enables jax x64)
 
 
 def pytest_report_header(config):

@@ -282,17 +282,3 @@ def bf16_unit(request):
     opforge.set_amx_enabled(before[0])
     opforge.set_bf16_dot_enabled(before[1])
     opforge.set_simd_target("")
-
-
-@pytest.fixture(params=[True, False], ids=["amx", "no_amx"])
-def amx(request):
-    """Runs the test with AMX on and off, the AVX3 target pinned; skipped where this CPU (or OS)
-    gives the process no AMX."""
-    if not opforge.amx_supported():
-        pytest.skip("no AMX on this CPU or OS (needs AMX-BF16 and Linux's tile-state permission)")
-    before = opforge.amx_enabled()  # off where OPFORGE_AMX=0 started the process so
-    opforge.set_simd_target("AVX3")
-    opforge.set_amx_enabled(request.param)
-    yield request.param
-    opforge.set_amx_enabled(before)
-    opforge.set_simd_target("")

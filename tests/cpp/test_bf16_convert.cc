@@ -4,8 +4,8 @@
 // flushes those, so their vectors must take the software path), NaNs, infinities, zeros of both
 // signs, products that round up to infinity. mul is the vehicle: a product of two bfloat16 values
 // is exact in float, so the only rounding is the store's. Rows of a whole vector, of half a
-// vector (MapRowPairs stores 256-bit halves on AVX-512) and narrower, on every target; the
-// hardware path runs where the CPU has it (elsewhere both runs are the software rounding).
+// vector (MapRowPairs: two rows to a vector) and narrower, on every target; the hardware path
+// runs where the CPU has it (elsewhere both runs are the software rounding).
 #include <gtest/gtest.h>
 
 #include <cmath>
