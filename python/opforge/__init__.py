@@ -106,7 +106,8 @@ def set_backend(backend: str | None, op: str | None = None) -> None:
 
 def info() -> dict:
     """Version, SIMD targets (compiled, supported, chosen), whether AMX and the AVX512_BF16
-    conversion and dot products are supported and used, backends, whether linear_act on CUDA uses cuBLASLt, and the thread count."""
+    conversion and dot products are supported and used, backends, whether linear_act on CUDA
+    uses cuBLASLt, and the thread count."""
     return {
         "version": __version__,
         "simd_compiled": simd_targets_compiled(),

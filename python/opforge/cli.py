@@ -19,14 +19,10 @@ def _print_info(as_json: bool) -> None:
     print(f"SIMD targets compiled: {', '.join(info['simd_compiled'])}")
     print(f"SIMD targets this CPU runs: {', '.join(info['simd_supported'])}")
     print(f"SIMD target chosen: {info['simd_chosen']}")
-    amx = info["amx"]
-    print(f"AMX (bfloat16 tiles): {'not supported' if not amx['supported'] else 'on' if amx['enabled'] else 'off'}")
-    bf16 = info["bf16_convert"]
-    print("bfloat16 stores by AVX512_BF16: "
-          f"{'not supported' if not bf16['supported'] else 'on' if bf16['enabled'] else 'off'}")
-    dot = info["bf16_dot"]
-    print("bfloat16 products by AVX512_BF16 (linear_act): "
-          f"{'not supported' if not dot['supported'] else 'on' if dot['enabled'] else 'off'}")
+    for key, label in (("amx", "AMX (bfloat16 tiles)"), ("bf16_convert", "bfloat16 stores by AVX512_BF16"),
+                       ("bf16_dot", "bfloat16 products by AVX512_BF16 (linear_act)")):
+        unit = info[key]
+        print(f"{label}: {'not supported' if not unit['supported'] else 'on' if unit['enabled'] else 'off'}")
     print(f"CUDA kernels compiled: {'yes' if info['built_with_cuda'] else 'no'}")
     print(f"cuBLASLt (linear_act on CUDA): {info['cublaslt']}")
     print("Backends:")
