@@ -4,17 +4,19 @@ bias), side by side in one run.
 
     python bench/bench_linear_act.py [--shapes 64x1024x1024,1024x1024x1024,2048x2048x2048]
                                      [--dtypes float32,bfloat16] [--kinds forward,step]
-                                     [--repeats 10] [--rounds 3]
+                                     [--repeats 10] [--rounds 3] [--results linear_act_cpu]
 
 Each shape is m x k x n (x [m, k], weight [n, k]). opforge runs as a torch user calls it
 (`opforge.torch.linear_act`); on CPUs with AMX its bfloat16 rows are measured twice, AMX on
-(the default) and off (the AVX-512 kernel). torch: `gelu(F.linear(x, w, b))` (oneDNN, which
+(the default) and off (the AVX-512 kernel), and likewise with AVX512_BF16's dot products; bfloat16 steps
+also with the backward's g rounded to bfloat16 as torch's is (`opforge.set_bf16_grad_rounding_enabled`,
+off by default). torch: `gelu(F.linear(x, w, b))` (oneDNN, which
 uses AMX for bfloat16 where the CPU has it); jax: one jit of the same. A step: opforge through
 `opforge.torch.linear_act` and `torch.autograd.grad`, torch eager the same way, jax one jit of
 the forward and `jax.vjp`; 3 products, 6 m n k flops. Medians of `repeats`
 calls, then the median over `rounds` sweeps (noise on a shared machine comes in bursts).
 GFLOP/s count 2 m n k; speedups are their time / ours (> 1: opforge faster). Writes
-bench/results/linear_act_cpu.csv and .png.
+bench/results/linear_act_cpu.csv and .png (or the --results name).
 """
 
 import argparse
@@ -60,6 +62,7 @@ def main():
     parser.add_argument("--kinds", default="forward,step")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--results", default="linear_act_cpu", help="name of the CSV and PNG under bench/results")
     args = parser.parse_args()
     torch.set_num_threads(opforge.num_threads())
     torch.manual_seed(0)
@@ -68,12 +71,15 @@ def main():
           f"{'supported' if amx else 'not supported'}, AVX512_BF16 {'supported' if dot else 'not supported'}; "
           f"torch {torch.__version__}, jax {jax.__version__}")
     # opforge's bfloat16 units: the best it has, then each turned off in turn (the FMA product last)
-    default = (opforge.amx_enabled(), opforge.bf16_dot_enabled())  # as the environment started them
+    # (AMX, AVX512_BF16 dot products, g rounded) as the environment started them
+    default = (opforge.amx_enabled(), opforge.bf16_dot_enabled(), opforge.bf16_grad_rounding_enabled())
     units = [("opforge", default)]
     if amx:
-        units.append(("opforge (AMX off)", (False, dot)))
+        units.append(("opforge (AMX off)", (False, dot, default[2])))
     if dot:
-        units.append(("opforge (AMX, AVX512_BF16 off)" if amx else "opforge (AVX512_BF16 off)", (False, False)))
+        units.append(("opforge (AMX, AVX512_BF16 off)" if amx else "opforge (AVX512_BF16 off)",
+                      (False, False, default[2])))
+    rounded = ("opforge (g rounded)", default[:2] + (True,))  # bfloat16 steps only: the forward has no g
     cases = []
     for kind in args.kinds.split(","):
         for shape in args.shapes.split(","):
@@ -84,37 +90,39 @@ def main():
                 w = (torch.randn(n, k) / k**0.5).to(dtype)
                 b = torch.randn(n, dtype=dtype)
                 impls = implementations(x, w, b, kind)
-                variants = units if name == "bfloat16" else units[:1]
+                variants = (units + [rounded] * (kind == "step")) if name == "bfloat16" else units[:1]
                 flops = (2.0 if kind == "forward" else 6.0) * m * n * k
                 cases.append((f"{kind} {shape}", name, flops, impls, variants))
     times = {}
     for _ in range(args.rounds):
         for shape, name, _, impls, variants in cases:
-            for label, (amx_on, dot_on) in variants:
+            for label, (amx_on, dot_on, rounding) in variants:
                 opforge.set_amx_enabled(amx_on)
                 opforge.set_bf16_dot_enabled(dot_on)
+                opforge.set_bf16_grad_rounding_enabled(rounding)
                 fn, sync = impls["opforge"]
                 times.setdefault((shape, name, label), []).append(common.median_seconds(fn, args.repeats, sync=sync))
             opforge.set_amx_enabled(default[0])
             opforge.set_bf16_dot_enabled(default[1])
+            opforge.set_bf16_grad_rounding_enabled(default[2])
             for label in ("torch eager", "jax.jit"):
                 fn, sync = impls[label]
                 times.setdefault((shape, name, label), []).append(common.median_seconds(fn, args.repeats, sync=sync))
     rows = []
-    print(f"\n{'case':<22} {'dtype':<9} {'implementation':<18} {'ms':>9} {'GFLOP/s':>8} {'opforge speedup':>15}")
+    print(f"\n{'case':<22} {'dtype':<9} {'implementation':<26} {'ms':>9} {'GFLOP/s':>8} {'opforge speedup':>15}")
     for shape, name, flops, _, variants in cases:
         ours = statistics.median(times[(shape, name, "opforge")])
         for label in [v for v, _ in variants] + ["torch eager", "jax.jit"]:
             t = statistics.median(times[(shape, name, label)])
-            print(f"{shape:<22} {name:<9} {label:<18} {t * 1e3:>9.3f} {flops / t / 1e9:>8.1f} {t / ours:>14.2f}x")
+            print(f"{shape:<22} {name:<9} {label:<26} {t * 1e3:>9.3f} {flops / t / 1e9:>8.1f} {t / ours:>14.2f}x")
             rows.append({"case": shape, "dtype": name, "impl": label, "median_ms": t * 1e3,
                          "GFLOP_per_s": flops / t / 1e9, "opforge_speedup": t / ours})
-    print(f"\nwrote {common.write_csv('linear_act_cpu', rows)}")
+    print(f"\nwrote {common.write_csv(args.results, rows)}")
     labels = list(dict.fromkeys(r["impl"] for r in rows))
     groups = list(dict.fromkeys(f"{r['case']} {r['dtype']}" for r in rows))
     series = {label: [next((r["GFLOP_per_s"] for r in rows if f"{r['case']} {r['dtype']}" == g and r["impl"] == label),
                            0.0) for g in groups] for label in labels}
-    print(f"wrote {common.bar_plot('linear_act_cpu', 'linear_act (gelu) on the CPU', groups, series, 'GFLOP/s')}")
+    print(f"wrote {common.bar_plot(args.results, 'linear_act (gelu) on the CPU', groups, series, 'GFLOP/s')}")
 
 
 if __name__ == "__main__":

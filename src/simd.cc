@@ -100,6 +100,13 @@ bool turned_off_by_environment(const char* variable) {
 }
 
 std::atomic<bool> bf16_dot_on{detect_avx512_bf16() && !turned_off_by_environment("OPFORGE_BF16_DOT")};
+
+bool turned_on_by_environment(const char* variable) {
+  const char* env = std::getenv(variable);
+  return env && (std::strcmp(env, "1") == 0 || std::strcmp(env, "on") == 0);
+}
+
+std::atomic<bool> bf16_grad_rounding_on{turned_on_by_environment("OPFORGE_BF16_GRAD_ROUNDING")};
 }  // namespace
 
 bool bf16_convert_supported() {
@@ -118,5 +125,8 @@ void set_bf16_convert_enabled(bool enabled) { detail::bf16_convert_on = enabled 
 bool bf16_dot_supported() { return bf16_convert_supported(); }  // one CPU feature: AVX512_BF16
 bool bf16_dot_enabled() { return bf16_dot_on.load(std::memory_order_relaxed); }
 void set_bf16_dot_enabled(bool enabled) { bf16_dot_on = enabled && bf16_dot_supported(); }
+
+bool bf16_grad_rounding_enabled() { return bf16_grad_rounding_on.load(std::memory_order_relaxed); }
+void set_bf16_grad_rounding_enabled(bool enabled) { bf16_grad_rounding_on = enabled; }
 
 }  // namespace opforge

@@ -214,6 +214,11 @@ NB_MODULE(_core, m) {
   m.def("set_bf16_dot_enabled", &set_bf16_dot_enabled, nb::arg("enabled"),
         "Turn the AVX512_BF16 dot products on or off for this process (OPFORGE_BF16_DOT=0 starts them off); "
         "off, linear_act's bfloat16 products run on float32 FMAs (other bits: see opforge/simd.h).");
+  m.def("bf16_grad_rounding_enabled", &bf16_grad_rounding_enabled,
+        "Whether linear_act_backward (CPU) rounds g = grad * act'(z) to bfloat16 before its products.");
+  m.def("set_bf16_grad_rounding_enabled", &set_bf16_grad_rounding_enabled, nb::arg("enabled"),
+        "Round linear_act_backward's bfloat16 g to bfloat16, as torch and JAX do, so its products run on "
+        "bfloat16 units (OPFORGE_BF16_GRAD_ROUNDING=1 starts it on; off by default: g stays float32).");
   m.def("set_backend", &set_backend_override, nb::arg("op"), nb::arg("backend"));
   m.def("backend_override", &backend_override, nb::arg("op"));
   m.def("reload_config", &reload_config);

@@ -53,6 +53,16 @@ bool bf16_dot_supported();
 bool bf16_dot_enabled();  // supported and not turned off
 void set_bf16_dot_enabled(bool enabled);
 
+// Whether linear_act_backward's CPU kernel rounds g = grad * act'(z) to bfloat16 for bfloat16
+// inputs before its two products, as torch's and JAX's bfloat16 backward do (their activation
+// gradient is a bfloat16 tensor). Off by default: g stays float32, so the products take the
+// float32 FMA product (AMX: g split into two bfloat16 parts), one rounding per result. On
+// (OPFORGE_BF16_GRAD_ROUNDING=1, set_bf16_grad_rounding_enabled(true)), they run as bfloat16
+// products (AVX512_BF16 pairs, AMX tiles), about twice as fast, at one more rounding per term.
+// grad_bias sums the float32 g either way; act="none" needs no rounding (g is grad).
+bool bf16_grad_rounding_enabled();
+void set_bf16_grad_rounding_enabled(bool enabled);
+
 namespace detail {
 // bf16_convert_enabled(), read by every bfloat16 store of the AVX-512 kernels (a plain load they
 // may keep in a register for a loop; the switch is for between calls, not during one).

@@ -141,21 +141,31 @@ inline void AmxGemm(const Operand<hwy::bfloat16_t>& A, const Operand<hwy::bfloat
 #endif
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && (defined(__GNUC__) || defined(__clang__))  // kPairTile
-// Whether a bfloat16 operand's rows read as pairs (Gemm's Operand<uint32_t>): contiguous, each row
-// starting 4-byte aligned.
+// Whether a bfloat16 operand's rows read as pairs (Gemm's Operand<uint32_t>) where they are:
+// contiguous, each row starting 4-byte aligned.
 inline bool TakesPairs(const Operand<hwy::bfloat16_t>& o) {
   return o.ps == 1 && (o.rs % 2 == 0 || o.rows == 1) && reinterpret_cast<uintptr_t>(o.data) % 4 == 0;
 }
 
+// Whether its rows sit side by side (a transposed operand), which PairRows copies into pairs.
+inline bool SideBySide(const Operand<hwy::bfloat16_t>& o) { return o.rs == 1 && o.ps != 1; }
+
 // D = A B^T over bfloat16 pairs (AVX512_BF16's dot products; opforge/simd.h, bf16_dot_enabled),
-// K even.
+// K even, each operand TakesPairs or SideBySide (made into pair rows once: 2 bytes an element
+// moved, against 2 K flops per element of the product).
 inline void PairGemm(const Operand<hwy::bfloat16_t>& A, const Operand<hwy::bfloat16_t>& B, int64_t K,
                      const Epilogue<float>& epi) {
-  const auto pairs = [](const Operand<hwy::bfloat16_t>& o) {
-    return Operand<uint32_t>{reinterpret_cast<const uint32_t*>(o.data), o.rows, o.rs / 2, 1};
+  const auto bits = [](const Operand<hwy::bfloat16_t>& o) { return reinterpret_cast<const uint16_t*>(o.data); };
+  const cpu::BackendBuffer<uint32_t> a_rows(TakesPairs(A) ? 1 : std::max<int64_t>(1, A.rows * K / 2));
+  const cpu::BackendBuffer<uint32_t> b_rows(TakesPairs(B) ? 1 : std::max<int64_t>(1, B.rows * K / 2));
+  const auto pairs = [&](const Operand<hwy::bfloat16_t>& o, uint32_t* copy) {
+    if (TakesPairs(o)) return Operand<uint32_t>{reinterpret_cast<const uint32_t*>(o.data), o.rows, o.rs / 2, 1};
+    PairRows(bits(o), o.rows, o.ps, K, copy);
+    return Operand<uint32_t>{copy, o.rows, K / 2, 1};
   };
-  if (PacksA(A.rows, B.rows, K)) Gemm(pairs(A), pairs(B), K / 2, true, epi);
-  else Gemm(pairs(B), pairs(A), K / 2, false, epi);
+  const Operand<uint32_t> a = pairs(A, a_rows.get()), b = pairs(B, b_rows.get());
+  if (PacksA(A.rows, B.rows, K)) Gemm(a, b, K / 2, true, epi);
+  else Gemm(b, a, K / 2, false, epi);
 }
 #endif
 
@@ -177,7 +187,8 @@ void Matmul(const Operand<TA>& A, const Operand<TB>& B, int64_t K, const Epilogu
   if constexpr (std::is_same_v<TA, hwy::bfloat16_t> && std::is_same_v<TB, hwy::bfloat16_t>) {
     if (K > 0 && amx_enabled()) return AmxGemm(A, B, K, epi);
 #if defined(__GNUC__) || defined(__clang__)  // kPairTile
-    if (K % 2 == 0 && bf16_dot_enabled() && TakesPairs(A) && TakesPairs(B)) return PairGemm(A, B, K, epi);
+    const auto readable = [](const Operand<hwy::bfloat16_t>& o) { return TakesPairs(o) || SideBySide(o); };
+    if (K % 2 == 0 && bf16_dot_enabled() && readable(A) && readable(B)) return PairGemm(A, B, K, epi);
 #endif
   }
 #endif

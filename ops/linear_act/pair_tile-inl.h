@@ -11,7 +11,13 @@
 
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cstdint>
+
+#include "opforge/parallel.h"
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && (defined(__GNUC__) || defined(__clang__))
+#include "ops/linear_act/amx_transpose.h"
+#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace opforge::gemm::HWY_NAMESPACE {
@@ -51,6 +57,38 @@ HWY_NOINLINE void PairTile(D, const uint32_t* HWY_RESTRICT panel, const uint32_t
     _mm512_store_ps(c + j * ldc, acc0[j]);
     _mm512_store_ps(c + j * ldc + 16, acc1[j]);
   }
+}
+
+// The rows of a bfloat16 operand that sit side by side (element (r, k) at data[r + k * ps]: W^T,
+// g^T and x^T in the backward's products) as contiguous rows of pairs, out[r * K / 2 + p] =
+// (X(r, 2p), X(r, 2p + 1)), K even, so PairTile can take them. 16 rows x 16 pairs at a time: each
+// pair of columns widened and interleaved into a vector of 16 rows' pairs, the square then
+// turned around in registers (amx_transpose.h).
+inline void PairRows(const uint16_t* data, int64_t rows, int64_t ps, int64_t K, uint32_t* HWY_RESTRICT out) {
+  const int64_t pairs = K / 2, groups = (rows + 15) / 16;
+  const auto pair = [&](int64_t r, int64_t p) {
+    return data[r + 2 * p * ps] | static_cast<uint32_t>(data[r + (2 * p + 1) * ps]) << 16;
+  };
+  parallel_for(groups, std::max<int64_t>(1, (1 << 14) / (16 * K + 1)), [&](int64_t begin, int64_t end) {
+    alignas(64) uint32_t square[16][16];
+    const void* src[16];
+    for (int i = 0; i < 16; ++i) src[i] = square[i];
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t r0 = g * 16, n = std::min<int64_t>(16, rows - r0);
+      int64_t p0 = 0;
+      for (; n == 16 && p0 + 16 <= pairs; p0 += 16) {
+        for (int i = 0; i < 16; ++i) {
+          const uint16_t* even = data + r0 + 2 * (p0 + i) * ps;
+          const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even)));
+          const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + ps)));
+          _mm512_store_si512(square[i], _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+        linear_act::amx::transpose_16x16(src, reinterpret_cast<char*>(out + r0 * pairs + p0), pairs * 4);
+      }
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t p = p0; p < pairs; ++p) out[(r0 + i) * pairs + p] = pair(r0 + i, p);
+    }
+  });
 }
 #else
 inline constexpr bool kPairTile = false;

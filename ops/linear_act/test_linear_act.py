@@ -162,6 +162,20 @@ def test_bf16_unit_shapes(bf16_unit, rng, shape, act):
     check(*arrays(rng, *shape, "torch", "bfloat16"), "torch", "bfloat16", act=act)
 
 
+# Transposed x or weight (rows side by side): with AVX512_BF16, made into rows of pairs first
+# (16 x 16 squares: whole ones, and rows and pairs past the last).
+@pytest.mark.parametrize("operands", ["x", "weight", "both"])
+@pytest.mark.parametrize("shape", [(40, 70, 34), (100, 50, 66), (33, 300, 260)], ids=str)
+def test_bf16_unit_transposed(bf16_unit, rng, shape, operands):
+    m, n, k = shape
+    x, w, b = arrays(rng, m, n, k, "torch", "bfloat16")
+    if operands in ("x", "both"):
+        x = x.T.contiguous().T
+    if operands in ("weight", "both"):
+        w = w.T.contiguous().T
+    check(x, w, b, "torch", "bfloat16", act="gelu")
+
+
 def test_bf16_unit_preact_and_gradients_agree(bf16_unit, rng):
     # The saving forward (used when a gradient will be needed) takes the same product.
     x, w, b = arrays(rng, 70, 90, 100, "torch", "bfloat16")

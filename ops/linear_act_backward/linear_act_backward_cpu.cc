@@ -8,11 +8,14 @@
 #include <hwy/foreach_target.h>  // re-includes this file once per target
 #include <hwy/highway.h>
 
+#include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "opforge/cpu/scratch.h"
 #include "opforge/cpu/visit.h"
 #include "opforge/registry.h"
+#include "opforge/simd.h"
 #include "ops/linear_act/epilogue-inl.h"
 #include "ops/linear_act/matmul-inl.h"
 #include "ops/linear_act/linear_act.h"
@@ -70,6 +73,17 @@ bool SplitProduct(const C* g, int64_t rows, int64_t K, bool transposed, const Op
   return false;
 }
 
+// out = g (m x n, contiguous) rounded to T, rows in parallel.
+template <typename T, typename C>
+void RoundRows(const C* g, int64_t m, int64_t n, T* out) {
+  parallel_for(m, std::max<int64_t>(1, (1 << 15) / (n + 1)), [&](int64_t begin, int64_t end) {
+    const hn::ScalableTag<C> d;
+    const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+    for (int64_t i = begin; i < end; ++i)
+      for (int64_t j = 0; j < n; j += L) StoreN(d, LoadN(d, g + i * n + j, 1, n - j), out + i * n + j, 1, n - j);
+  });
+}
+
 void Run(const KernelCall& call) {
   const TensorView& grad = call.tensor("grad");
   const TensorView& x = call.tensor("x");
@@ -116,17 +130,37 @@ void Run(const KernelCall& call) {
       }
     });
 
+    // g as the products take it: float32 (C), or bfloat16 (T) where that is exact (act="none": g
+    // is grad) or asked for (bf16_grad_rounding_enabled()), so they run as bfloat16 products
+    // (matmul-inl.h: AVX512_BF16 pairs or AMX tiles) with no split of a float32 g.
+    std::optional<cpu::BackendBuffer<T>> rounded;
+    Operand<T> low{nullptr, m, n, 1};  // g's rows, in T, when low.data
+    if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
+      if (call.attr_str("act") == "none") {
+        low = ga;
+      } else if (bf16_grad_rounding_enabled() && m * n > 0) {
+        rounded.emplace(m * n);
+        RoundRows(g, m, n, rounded->get());
+        low.data = rounded->get();
+      }
+    }
+    // The product of g (transposed: g^T) with v over K steps, into epi.
+    const auto product = [&](bool transposed, const Operand<T>& v, int64_t K, const Epilogue<C>& epi) {
+      const int64_t rows = transposed ? n : m;
+      if (low.data) return Matmul(transposed ? Operand<T>{low.data, n, low.ps, low.rs} : low, v, K, epi);
+      if (!SplitProduct<T>(g, rows, K, transposed, v, epi))
+        Matmul(transposed ? Operand<C>{g, n, 1, n} : Operand<C>{g, m, n, 1}, v, K, epi);
+    };
+
     // Only the results asked for (output_mask; the others are empty): the first layer needs
     // no grad_x, a frozen weight no grad_weight, each a third of the work.
     if (call.output(0).numel()) {
       const BiasAct<T, Identity> grad_x(call.output(0).data_as<T>(), k, nullptr, Identity{});
-      if (!SplitProduct<T>(g, m, n, false, Operand<T>{wb.data, k, wb.ps, wb.rs}, grad_x))
-        Matmul(Operand<C>{g, m, n, 1}, Operand<T>{wb.data, k, wb.ps, wb.rs}, n, grad_x);
+      product(false, Operand<T>{wb.data, k, wb.ps, wb.rs}, n, grad_x);
     }
     if (call.output(1).numel()) {
       const BiasAct<T, Identity> grad_w(call.output(1).data_as<T>(), k, nullptr, Identity{});
-      if (!SplitProduct<T>(g, n, m, true, Operand<T>{xa.data, k, xa.ps, xa.rs}, grad_w))
-        Matmul(Operand<C>{g, n, 1, n}, Operand<T>{xa.data, k, xa.ps, xa.rs}, m, grad_w);
+      product(true, Operand<T>{xa.data, k, xa.ps, xa.rs}, m, grad_w);
     }
     if (call.output(2).numel()) SumRows(g, m, n, call.output(2).data_as<T>());
   });

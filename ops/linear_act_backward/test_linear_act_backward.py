@@ -29,7 +29,7 @@ def autograd(g, x, w, b, act):
     return xt.grad.numpy(), wt.grad.numpy(), bt.grad.numpy()
 
 
-def check(grad, x, w, b, framework, dtype, act, preact=None):
+def check(grad, x, w, b, framework, dtype, act, preact=None, g_rounded=False):
     g64, x64, w64 = to_float64(grad), to_float64(x), to_float64(w)
     b64 = None if b is None else to_float64(b)
     got = opforge.linear_act_backward(grad, x, w, b, act=act, preact=preact)
@@ -44,6 +44,8 @@ def check(grad, x, w, b, framework, dtype, act, preact=None):
     # A saved preact is z rounded to the dtype: act' off by one more rounding of z.
     rounding = 0 if preact is None else STORAGE_EPS[dtype] / COMPUTE_EPS[dtype]
     a = np.abs(rows_g) * (1.2 * terms + (k + 2 + rounding) * z_scale)
+    if g_rounded:  # g = grad * act'(z) rounded to the dtype before the products: one more rounding per term
+        a += np.abs(rows_g) * 1.2 * STORAGE_EPS[dtype] / COMPUTE_EPS[dtype]
     scales = [(a @ np.abs(w64)).reshape(x64.shape), a.T @ np.abs(rows_x), a.sum(axis=0)]
     rtol, atol = TOLERANCES[dtype]
     for name, g, wv, scale in zip(("grad_x", "grad_weight", "grad_bias"), got, want, scales):
@@ -216,9 +218,12 @@ def test_bad_input(call, error, match):
 # bfloat16 on AMX tiles, g split into two bfloat16 parts (SplitProduct): odd shapes everywhere,
 # n = 1 and m = 1 (one-value sums), 600 rows of the packed operand (two P ranges), 1030 summed
 # values (a partial tile after a second K block).
+# act="none" takes grad itself as the products' bfloat16 g (AVX512_BF16 pairs where the summed
+# dimension is even: m for grad_weight, n for grad_x, both transposed operands made into pairs).
+@pytest.mark.parametrize("act", ["gelu", "none"])
 @pytest.mark.parametrize("shape", [(33, 65, 513), (600, 70, 40), (40, 515, 600), (1, 40, 33), (37, 1, 20)], ids=str)
-def test_bf16_unit_shapes(bf16_unit, rng, shape):
-    check(*arrays(rng, *shape, "torch", "bfloat16"), "torch", "bfloat16", "gelu")
+def test_bf16_unit_shapes(bf16_unit, rng, shape, act):
+    check(*arrays(rng, *shape, "torch", "bfloat16"), "torch", "bfloat16", act)
 
 
 @pytest.mark.parametrize("operand", ["grad", "x", "weight"])
@@ -229,6 +234,58 @@ def test_bf16_unit_strided(bf16_unit, rng, operand):
     view = strided(rng, shapes[operand], "torch", "bfloat16", "transposed")[0]
     args = {"grad": grad, "x": x, "weight": w, operand: view}
     check(args["grad"], args["x"], args["weight"], b, "torch", "bfloat16", "silu")
+
+
+@pytest.fixture
+def g_rounding():
+    """linear_act_backward with its bfloat16 g rounded to bfloat16 (opforge/simd.h), then restored."""
+    before = opforge.bf16_grad_rounding_enabled()
+    opforge.set_bf16_grad_rounding_enabled(True)
+    yield
+    opforge.set_bf16_grad_rounding_enabled(before)
+
+
+# Rounded g: bfloat16 products on every unit, with or without the saved pre-activation.
+@pytest.mark.parametrize("shape", [(33, 65, 513), (600, 70, 40), (40, 515, 600), (64, 200, 96)], ids=str)
+@pytest.mark.parametrize("saved", [False, True], ids=["recomputed_z", "saved_z"])
+def test_bf16_unit_rounded_g(bf16_unit, g_rounding, rng, shape, saved):
+    grad, x, w, b = arrays(rng, *shape, "torch", "bfloat16")
+    preact = opforge.linear_act_with_preact(x, w, b, act="silu")[1] if saved else None
+    check(grad, x, w, b, "torch", "bfloat16", "silu", preact=preact, g_rounded=True)
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "silu", "relu"])
+def test_rounded_g_is_the_activation_gradient_in_bfloat16(bf16_unit, rng, act):
+    # Rounding means exactly: the activation's own backward op in bfloat16 (float32 inside, one
+    # rounding), then the products of act="none" on that g. Without rounding, most results differ
+    # by an ulp or more (relu' is 0 or 1: its g is exact either way).
+    grad, x, w, b = arrays(rng, 64, 200, 96, "torch", "bfloat16")
+    z = opforge.linear_act_with_preact(x, w, b, act=act)[1]
+    g = opforge.gelu_backward(grad, z, approximate="tanh") if act == "gelu_tanh" else getattr(opforge, f"{act}_backward")(grad, z)
+    want = opforge.linear_act_backward(g, x, w, b, act="none")
+    before = opforge.bf16_grad_rounding_enabled()
+    try:
+        opforge.set_bf16_grad_rounding_enabled(False)
+        kept = opforge.linear_act_backward(grad, x, w, b, act=act, preact=z)
+        opforge.set_bf16_grad_rounding_enabled(True)
+        rounded = opforge.linear_act_backward(grad, x, w, b, act=act, preact=z)
+    finally:
+        opforge.set_bf16_grad_rounding_enabled(before)
+    for name, got, want_v, kept_v in zip(("grad_x", "grad_weight"), rounded, want, kept):
+        assert torch.equal(got, want_v), name
+        differ = (kept_v != want_v).float().mean().item()
+        assert differ == 0 if act == "relu" else differ > 0.05, f"{name}: {differ:.1%} differ"
+
+
+def test_rounded_g_through_autograd(g_rounding, rng):
+    # opforge.torch's backward (saved pre-activation) reads the same switch.
+    import opforge.torch as ot
+
+    grad, x, w, b = arrays(rng, 48, 66, 80, "torch", "bfloat16")
+    got = torch.autograd.grad(ot.linear_act(x.requires_grad_(), w, b, act="gelu"), x, grad)[0]
+    z = opforge.linear_act_with_preact(x.detach(), w, b, act="gelu")[1]
+    want = opforge.linear_act_backward(opforge.gelu_backward(grad, z), x.detach(), w, b, act="none")[0]
+    assert torch.equal(got, want)
 
 
 def test_amx_keeps_g_to_twice_bfloat16_precision(rng):

@@ -26,11 +26,13 @@ from ._core import (
     bf16_convert_supported,
     bf16_dot_enabled,
     bf16_dot_supported,
+    bf16_grad_rounding_enabled,
     num_threads,
     reload_config,
     set_amx_enabled,
     set_bf16_convert_enabled,
     set_bf16_dot_enabled,
+    set_bf16_grad_rounding_enabled,
     set_num_threads,
     set_simd_target,
     simd_target,
@@ -106,8 +108,8 @@ def set_backend(backend: str | None, op: str | None = None) -> None:
 
 def info() -> dict:
     """Version, SIMD targets (compiled, supported, chosen), whether AMX and the AVX512_BF16
-    conversion and dot products are supported and used, backends, whether linear_act on CUDA
-    uses cuBLASLt, and the thread count."""
+    conversion and dot products are supported and used, whether linear_act_backward rounds its
+    bfloat16 g, backends, whether linear_act on CUDA uses cuBLASLt, and the thread count."""
     return {
         "version": __version__,
         "simd_compiled": simd_targets_compiled(),
@@ -116,6 +118,7 @@ def info() -> dict:
         "amx": {"supported": amx_supported(), "enabled": amx_enabled()},
         "bf16_convert": {"supported": bf16_convert_supported(), "enabled": bf16_convert_enabled()},
         "bf16_dot": {"supported": bf16_dot_supported(), "enabled": bf16_dot_enabled()},
+        "bf16_grad_rounding": bf16_grad_rounding_enabled(),
         "backends": backends(),
         "built_with_cuda": _core.built_with_cuda,
         "cublaslt": _core.cublaslt_status(),

@@ -23,6 +23,7 @@ def _print_info(as_json: bool) -> None:
                        ("bf16_dot", "bfloat16 products by AVX512_BF16 (linear_act)")):
         unit = info[key]
         print(f"{label}: {'not supported' if not unit['supported'] else 'on' if unit['enabled'] else 'off'}")
+    print(f"bfloat16 g in linear_act_backward: {'rounded' if info['bf16_grad_rounding'] else 'float32'}")
     print(f"CUDA kernels compiled: {'yes' if info['built_with_cuda'] else 'no'}")
     print(f"cuBLASLt (linear_act on CUDA): {info['cublaslt']}")
     print("Backends:")

@@ -78,6 +78,7 @@ def test_info():
     for feature in ("amx", "bf16_convert", "bf16_dot"):
         assert info[feature] == {"supported": getattr(opforge, f"{feature}_supported")(),
                                  "enabled": getattr(opforge, f"{feature}_enabled")()}
+    assert info["bf16_grad_rounding"] == opforge.bf16_grad_rounding_enabled()
     assert info["version"] == opforge.__version__ == importlib.metadata.version("opforge")
     assert info["ops"] == OPS
     assert info["num_threads"] == opforge.num_threads() >= 1
@@ -98,6 +99,24 @@ def test_cpu_feature_environment_switch(variable, feature):
     assert run(dict(os.environ, **{variable: "0"}))[0] == "False"
     enabled, supported = run({k: v for k, v in os.environ.items() if k != variable})
     assert enabled == supported
+
+
+def test_bf16_grad_rounding_switch():
+    """linear_act_backward keeps its bfloat16 g in float32 unless OPFORGE_BF16_GRAD_ROUNDING=1 or
+    set_bf16_grad_rounding_enabled(True) says otherwise."""
+    code = "import opforge; print(opforge.bf16_grad_rounding_enabled(), opforge.info()['bf16_grad_rounding'])"
+    run = lambda env: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                     check=True).stdout.split()
+    unset = {k: v for k, v in os.environ.items() if k != "OPFORGE_BF16_GRAD_ROUNDING"}
+    assert run(unset) == ["False", "False"]
+    assert run(dict(unset, OPFORGE_BF16_GRAD_ROUNDING="1")) == ["True", "True"]
+    assert run(dict(unset, OPFORGE_BF16_GRAD_ROUNDING="0")) == ["False", "False"]
+    before = opforge.bf16_grad_rounding_enabled()
+    try:
+        opforge.set_bf16_grad_rounding_enabled(True)
+        assert opforge.bf16_grad_rounding_enabled() and opforge.info()["bf16_grad_rounding"]
+    finally:
+        opforge.set_bf16_grad_rounding_enabled(before)
 
 
 def test_bf16_convert_switch_keeps_the_bits():
