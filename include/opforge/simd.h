@@ -46,8 +46,8 @@ void set_bf16_convert_enabled(bool enabled);
 // multiply pairs of bfloat16 values in one instruction, twice the float32 FMA's products. Like
 // AMX (and oneDNN's kernels on these CPUs), not the bits of the float32 product: each pair adds
 // its odd product, then its even one, and denormal inputs and results are flushed to zero. Used
-// where the CPU has the instruction, both operands are bfloat16 rows of even length (K) and
-// 4-byte aligned; on by default, unless OPFORGE_BF16_DOT=0; set_bf16_dot_enabled(false) turns it
+// where the CPU has the instruction and both operands are bfloat16, K even, each with contiguous
+// 4-byte aligned rows or transposed (rows side by side, copied into pairs once); on by default, unless OPFORGE_BF16_DOT=0; set_bf16_dot_enabled(false) turns it
 // off (the float32 FMA product then runs).
 bool bf16_dot_supported();
 bool bf16_dot_enabled();  // supported and not turned off
