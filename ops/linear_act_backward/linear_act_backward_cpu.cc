@@ -138,7 +138,7 @@ void Run(const KernelCall& call) {
     if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
       if (call.attr_str("act") == "none") {
         low = ga;
-      } else if (bf16_grad_rounding_enabled() && m * n > 0) {
+      } else if (bf16_grad_rounding_enabled() && m * n > 0 && (call.output(0).numel() || call.output(1).numel())) {
         rounded.emplace(m * n);
         RoundRows(g, m, n, rounded->get());
         low.data = rounded->get();

@@ -70,6 +70,12 @@ def test_shapes(simd_target, rng, framework, dtype, shape):
     check(*arrays(rng, *shape, framework, dtype), framework, dtype, "gelu")
 
 
+@pytest.mark.parametrize("shape", [(40, 66, 34), (33, 65, 70)], ids=str)
+def test_no_act_bfloat16(simd_target, rng, shape):
+    # act="none" multiplies grad itself as bfloat16 (g is grad): every target's product of it.
+    check(*arrays(rng, *shape, "torch", "bfloat16"), "torch", "bfloat16", "none")
+
+
 # relu only in float64: its derivative jumps at 0, where float32 rounding of z may pick either side.
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("act", ACTS)
@@ -261,7 +267,10 @@ def test_rounded_g_is_the_activation_gradient_in_bfloat16(bf16_unit, rng, act):
     # by an ulp or more (relu' is 0 or 1: its g is exact either way).
     grad, x, w, b = arrays(rng, 64, 200, 96, "torch", "bfloat16")
     z = opforge.linear_act_with_preact(x, w, b, act=act)[1]
-    g = opforge.gelu_backward(grad, z, approximate="tanh") if act == "gelu_tanh" else getattr(opforge, f"{act}_backward")(grad, z)
+    if act == "gelu_tanh":
+        g = opforge.gelu_backward(grad, z, approximate="tanh")
+    else:
+        g = getattr(opforge, f"{act}_backward")(grad, z)
     want = opforge.linear_act_backward(g, x, w, b, act="none")
     before = opforge.bf16_grad_rounding_enabled()
     try:
