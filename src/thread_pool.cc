@@ -31,6 +31,7 @@ int64_t default_threads() {
 }
 
 thread_local bool in_pool_task = false;
+thread_local ForeignParallelFor foreign_pool = nullptr;  // UseForeignPool's, on this thread
 
 // Waiting threads poll this long before blocking. A futex wake-up costs several microseconds,
 // as much as a whole small op; back-to-back calls (a model's layers) find their workers still
@@ -223,9 +224,46 @@ void set_num_threads(int64_t n) {
   pool().resize(n);
 }
 
+UseForeignPool::UseForeignPool(ForeignParallelFor pool) : previous_(foreign_pool) { foreign_pool = pool; }
+UseForeignPool::~UseForeignPool() { foreign_pool = previous_; }
+
+namespace {
+
+// A parallel_for on the foreign pool: every chunk a pool task on whichever thread runs it; the
+// first exception kept and rethrown here (a foreign runtime may turn it into its own type).
+void run_on_foreign_pool(ForeignParallelFor foreign, int64_t n, int64_t grain,
+                         const std::function<void(int64_t, int64_t)>& body) {
+  struct Job {
+    const std::function<void(int64_t, int64_t)>& body;
+    std::mutex mutex;
+    std::exception_ptr error;
+  } job{body, {}, nullptr};
+  foreign(
+      n, grain,
+      [](int64_t begin, int64_t end, void* ctx) {
+        Job& job = *static_cast<Job*>(ctx);
+        const bool was_in_task = in_pool_task;
+        in_pool_task = true;
+        try {
+          job.body(begin, end);
+        } catch (...) {
+          std::lock_guard lock(job.mutex);
+          if (!job.error) job.error = std::current_exception();
+        }
+        in_pool_task = was_in_task;
+      },
+      &job);
+  if (job.error) std::rethrow_exception(job.error);
+}
+
+}  // namespace
+
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
   if (n <= 0) return;
-  pool().run(n, std::max<int64_t>(grain, 1), body);
+  grain = std::max<int64_t>(grain, 1);
+  if (foreign_pool && !in_pool_task && n > grain && pool().size() > 1)
+    return run_on_foreign_pool(foreign_pool, n, grain, body);
+  pool().run(n, grain, body);
 }
 
 }  // namespace opforge

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/ops.h>
 
 #include <array>
 #include <deque>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "opforge/dispatch.h"
+#include "opforge/parallel.h"
 
 namespace opforge::torch_adapter {
 
@@ -211,6 +213,12 @@ class TorchScratch final : public ScratchAllocator {
 std::mutex error_mutex;
 std::deque<std::pair<ErrorKind, std::string>> recent_errors;
 
+// opforge's parallel_for on torch's intra-op pool (stable torch_parallel_for): one set of threads
+// for torch's ops and opforge's.
+void on_torch_pool(int64_t n, int64_t grain, void (*chunk)(int64_t, int64_t, void*), void* ctx) {
+  torch::stable::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { chunk(begin, end, ctx); });
+}
+
 }  // namespace
 
 void remember_error(const Error& error) {
@@ -303,6 +311,8 @@ void run_boxed(const OpDef& op, StableIValue* stack, uint64_t num_args, uint64_t
   }
   std::optional<TorchScratch> scratch;
   if (device.type == DeviceType::cuda) scratch.emplace(torch_device);
+  // CPU kernels' parallel_for on torch's intra-op pool (opforge/parallel.h, UseForeignPool).
+  const UseForeignPool torch_pool(device.type == DeviceType::cpu ? on_torch_pool : nullptr);
   run_kernel(op, selection, inputs, views, stream, scratch ? &*scratch : nullptr);
   // torch takes over each result's reference from the stack.
   for (size_t i = 0; i < outputs.size(); ++i) stack[i] = torch::stable::detail::from(outputs[i].release());

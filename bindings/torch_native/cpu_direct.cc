@@ -3,6 +3,7 @@
 
 #include "bindings/torch_native/cpu_direct.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -14,6 +15,7 @@
 #include "bindings/common/aten_dtype.h"
 #include "opforge/backend.h"
 #include "opforge/dispatch.h"
+#include "opforge/parallel.h"
 #include "opforge/registry.h"
 
 namespace opforge::torch_native {
@@ -71,6 +73,12 @@ at::Tensor allocate(Backend& backend, const TensorView& view) {
 
 }  // namespace
 
+// opforge's parallel_for on torch's intra-op pool (opforge/parallel.h, UseForeignPool): one set
+// of threads for torch's ops and opforge's.
+void on_torch_pool(int64_t n, int64_t grain, void (*chunk)(int64_t, int64_t, void*), void* ctx) {
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { chunk(begin, end, ctx); });
+}
+
 std::vector<at::Tensor> run_on_cpu(const OpDef& op, const OpInputs& inputs, bool holds_gil) {
   // torch's profiler lists the call under the op's name, as it lists the dispatcher's calls.
   at::RecordFunction record(at::RecordScope::FUNCTION);
@@ -97,6 +105,7 @@ std::vector<at::Tensor> run_on_cpu(const OpDef& op, const OpInputs& inputs, bool
   }
   int64_t work = 0;
   for (const TensorView& v : views) work += v.numel();
+  const UseForeignPool torch_pool(on_torch_pool);
   if (!holds_gil || work < kReleaseGilElements) {
     run_kernel(op, selection, inputs, views, nullptr);
   } else {

@@ -1,5 +1,6 @@
 // parallel_for: every index exactly once, chunks honour the grain, errors reach the caller,
-// and nesting or concurrent callers neither deadlock nor lose work.
+// nesting or concurrent callers neither deadlock nor lose work, and a foreign pool (torch's)
+// takes the chunks while one is in scope.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -170,3 +171,83 @@ TEST(ThreadPoolTask, SetNumThreadsInsideTaskIsAnError) {
   });
   EXPECT_TRUE(raised);
 }
+
+namespace opforge {
+namespace {
+
+using testing::throws;
+
+namespace foreign {
+
+// A stand-in for torch's pool: runs the chunks on two threads of its own, chunks of
+// max(grain, n / 2) as at::parallel_for would, and converts nothing (the caller must).
+std::atomic<int> calls{0};
+std::atomic<int> foreign_thread_chunks{0};
+
+void two_threads(int64_t n, int64_t grain, void (*chunk)(int64_t, int64_t, void*), void* ctx) {
+  ++calls;
+  const int64_t size = std::max(grain, (n + 1) / 2);
+  std::thread other([&] {
+    if (size < n) {
+      ++foreign_thread_chunks;
+      chunk(size, n, ctx);
+    }
+  });
+  chunk(0, std::min(size, n), ctx);
+  other.join();
+}
+
+}  // namespace foreign
+
+TEST_F(ThreadPool, ForeignPoolTakesTheChunksWhileInScope) {
+  foreign::calls = 0;
+  foreign::foreign_thread_chunks = 0;
+  std::vector<int> hits(1000, 0);
+  const auto count = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) ++hits[i];
+  };
+  {
+    UseForeignPool use(foreign::two_threads);
+    parallel_for(1000, 10, count);
+    parallel_for(5, 10, count);  // below the grain: inline, no foreign call
+  }
+  EXPECT_EQ(foreign::calls, 1);
+  EXPECT_EQ(foreign::foreign_thread_chunks, 1);
+  parallel_for(1000, 10, count);  // out of scope: opforge's own pool again
+  EXPECT_EQ(foreign::calls, 1);
+  for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(hits[i], i < 5 ? 3 : 2) << i;
+}
+
+TEST_F(ThreadPool, ForeignPoolChunksAreTasksAndErrorsKeepTheirKind) {
+  foreign::calls = 0;
+  UseForeignPool use(foreign::two_threads);
+  std::atomic<int> nested_chunks{0};
+  parallel_for(100, 10, [&](int64_t, int64_t) {
+    // Nested: inline on whichever thread runs this chunk, not a second foreign call.
+    parallel_for(100, 1, [&](int64_t begin, int64_t end) {
+      EXPECT_EQ(begin, 0);
+      EXPECT_EQ(end, 100);
+      ++nested_chunks;
+    });
+  });
+  EXPECT_EQ(foreign::calls, 1);
+  EXPECT_EQ(nested_chunks, 2);
+  EXPECT_TRUE(throws([] {
+    parallel_for(100, 10, [](int64_t begin, int64_t) {
+      if (begin > 0) fail(ErrorKind::value, "chunk at ", begin, " failed");
+    });
+  }, ErrorKind::value, "chunk at 50 failed"));
+}
+
+TEST_F(ThreadPool, ForeignPoolNotUsedWithOneThread) {
+  foreign::calls = 0;
+  set_num_threads(1);
+  UseForeignPool use(foreign::two_threads);
+  int64_t covered = 0;  // opforge's pool, serial: no race
+  parallel_for(1000, 10, [&](int64_t begin, int64_t end) { covered += end - begin; });
+  EXPECT_EQ(foreign::calls, 0);
+  EXPECT_EQ(covered, 1000);
+}
+
+}  // namespace
+}  // namespace opforge
