@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -224,7 +225,18 @@ void set_num_threads(int64_t n) {
   pool().resize(n);
 }
 
-UseForeignPool::UseForeignPool(ForeignParallelFor pool) : previous_(foreign_pool) { foreign_pool = pool; }
+// OPFORGE_FOREIGN_POOL=0: opforge's own pool always (UseForeignPool does nothing).
+bool foreign_pools_allowed() {
+  static const bool allowed = [] {
+    const char* env = std::getenv("OPFORGE_FOREIGN_POOL");
+    return !(env && (std::string_view(env) == "0" || std::string_view(env) == "off"));
+  }();
+  return allowed;
+}
+
+UseForeignPool::UseForeignPool(ForeignParallelFor pool) : previous_(foreign_pool) {
+  if (foreign_pools_allowed()) foreign_pool = pool;
+}
 UseForeignPool::~UseForeignPool() { foreign_pool = previous_; }
 
 namespace {
