@@ -3,10 +3,12 @@
 
 #include "bindings/torch_native/cpu_direct.h"
 
-#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#if __has_include(<torch/csrc/stable/c/shim.h>)
+#include <torch/csrc/stable/c/shim.h>  // torch_parallel_for (2.10+)
+#endif
 
 #include <string>
 #include <string_view>
@@ -74,10 +76,18 @@ at::Tensor allocate(Backend& backend, const TensorView& view) {
 }  // namespace
 
 // opforge's parallel_for on torch's intra-op pool (opforge/parallel.h, UseForeignPool): one set
-// of threads for torch's ops and opforge's.
+// of threads for torch's ops and opforge's. Through the stable shim, which runs it inside
+// libtorch: at::parallel_for is inline, and its OpenMP pragma does nothing in code compiled
+// without -fopenmp (measured: opforge's ops ran serial on it).
+#if defined(TORCH_FEATURE_VERSION) && TORCH_FEATURE_VERSION >= TORCH_VERSION_2_10_0
 void on_torch_pool(int64_t n, int64_t grain, void (*chunk)(int64_t, int64_t, void*), void* ctx) {
-  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { chunk(begin, end, ctx); });
+  if (torch_parallel_for(0, n, grain, chunk, ctx) != AOTI_TORCH_SUCCESS)
+    fail(ErrorKind::runtime, "opforge torch adapter: torch_parallel_for failed");
 }
+constexpr ForeignParallelFor kTorchPool = on_torch_pool;
+#else
+constexpr ForeignParallelFor kTorchPool = nullptr;  // torch before 2.10: opforge's own pool
+#endif
 
 std::vector<at::Tensor> run_on_cpu(const OpDef& op, const OpInputs& inputs, bool holds_gil) {
   // torch's profiler lists the call under the op's name, as it lists the dispatcher's calls.
@@ -105,7 +115,7 @@ std::vector<at::Tensor> run_on_cpu(const OpDef& op, const OpInputs& inputs, bool
   }
   int64_t work = 0;
   for (const TensorView& v : views) work += v.numel();
-  const UseForeignPool torch_pool(on_torch_pool);
+  const UseForeignPool torch_pool(kTorchPool);
   if (!holds_gil || work < kReleaseGilElements) {
     run_kernel(op, selection, inputs, views, nullptr);
   } else {
