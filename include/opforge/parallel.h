@@ -25,8 +25,8 @@ using ForeignParallelFor = void (*)(int64_t n, int64_t grain, void (*chunk)(int6
 // nested calls stay inline; exceptions from the body reach the caller as they were thrown. The
 // torch adapters use it with torch's intra-op pool: called between torch's ops, opforge's own
 // workers would fight torch's still-spinning OpenMP threads for the same cores (measured: a
-// 64 x 1024 gelu right after a torch matmul, 12 -> 100 us). OPFORGE_FOREIGN_POOL=0 turns it off
-// for the process (opforge's own pool always).
+// 64 x 1024 gelu right after a torch matmul took 70-100 us, 8-12 us on torch's pool).
+// OPFORGE_FOREIGN_POOL=0 turns it off for the process (opforge's own pool always).
 class UseForeignPool {
  public:
   explicit UseForeignPool(ForeignParallelFor pool);

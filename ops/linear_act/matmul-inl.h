@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 
 #include "opforge/parallel.h"
@@ -155,15 +156,14 @@ inline bool SideBySide(const Operand<hwy::bfloat16_t>& o) { return o.rs == 1 && 
 // moved, against 2 K flops per element of the product).
 inline void PairGemm(const Operand<hwy::bfloat16_t>& A, const Operand<hwy::bfloat16_t>& B, int64_t K,
                      const Epilogue<float>& epi) {
-  const auto bits = [](const Operand<hwy::bfloat16_t>& o) { return reinterpret_cast<const uint16_t*>(o.data); };
-  const cpu::BackendBuffer<uint32_t> a_rows(TakesPairs(A) ? 1 : std::max<int64_t>(1, A.rows * K / 2));
-  const cpu::BackendBuffer<uint32_t> b_rows(TakesPairs(B) ? 1 : std::max<int64_t>(1, B.rows * K / 2));
-  const auto pairs = [&](const Operand<hwy::bfloat16_t>& o, uint32_t* copy) {
+  std::optional<cpu::BackendBuffer<uint32_t>> a_rows, b_rows;  // copies, for operands that need one
+  const auto pairs = [&](const Operand<hwy::bfloat16_t>& o, std::optional<cpu::BackendBuffer<uint32_t>>& copy) {
     if (TakesPairs(o)) return Operand<uint32_t>{reinterpret_cast<const uint32_t*>(o.data), o.rows, o.rs / 2, 1};
-    PairRows(bits(o), o.rows, o.ps, K, copy);
-    return Operand<uint32_t>{copy, o.rows, K / 2, 1};
+    copy.emplace(std::max<int64_t>(1, o.rows * K / 2));
+    PairRows(reinterpret_cast<const uint16_t*>(o.data), o.rows, o.ps, K, copy->get());
+    return Operand<uint32_t>{copy->get(), o.rows, K / 2, 1};
   };
-  const Operand<uint32_t> a = pairs(A, a_rows.get()), b = pairs(B, b_rows.get());
+  const Operand<uint32_t> a = pairs(A, a_rows), b = pairs(B, b_rows);
   if (PacksA(A.rows, B.rows, K)) Gemm(a, b, K / 2, true, epi);
   else Gemm(b, a, K / 2, false, epi);
 }

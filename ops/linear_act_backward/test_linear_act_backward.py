@@ -74,6 +74,11 @@ def test_shapes(simd_target, rng, framework, dtype, shape):
 def test_no_act_bfloat16(simd_target, rng, shape):
     # act="none" multiplies grad itself as bfloat16 (g is grad): every target's product of it.
     check(*arrays(rng, *shape, "torch", "bfloat16"), "torch", "bfloat16", "none")
+    # Without grad_bias, no float32 copy of grad is made: the same two gradients.
+    grad, x, w, b = arrays(rng, *shape, "torch", "bfloat16")
+    full = opforge.linear_act_backward(grad, x, w, b, act="none")
+    masked = opforge.linear_act_backward(grad, x, w, b, act="none", output_mask=3)
+    assert torch.equal(masked[0], full[0]) and torch.equal(masked[1], full[1]) and masked[2].numel() == 0
 
 
 # relu only in float64: its derivative jumps at 0, where float32 rounding of z may pick either side.
