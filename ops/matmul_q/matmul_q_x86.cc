@@ -39,6 +39,8 @@ void gemm_tiled(const Activations& a, const Weights& w, float* y) {
     const uint8_t* cols[W];  // each column's weight row, at block b0
     for (int64_t t = t_begin; t < t_end; ++t) {
       const int64_t c0 = t * W, valid = std::min(W, w.n - c0);
+      NextTile next;
+      if (t + 1 < t_end) next = {w.data + (c0 + W) * w.row_bytes, std::min(W, w.n - c0 - W) * w.row_bytes, a.nb};
       for (int64_t r0 = 0; r0 < a.m; r0 += kRowChunk) {
         const int64_t m = std::min(kRowChunk, a.m - r0);
         std::fill(acc.begin(), acc.end(), 0.0);
@@ -46,7 +48,7 @@ void gemm_tiled(const Activations& a, const Weights& w, float* y) {
           const int64_t kb = std::min(kBlockChunk, a.nb - b0);
           tile_columns<W>(w, c0, b0, cols);
           copy_scales<W>(cols, bytes, kb, hs.data());
-          K::pack(cols, w.format, kb, hs.data(), pq.data(), pd.data());
+          K::pack(cols, w.format, kb, hs.data(), pq.data(), pd.data(), b0, r0 == 0 ? next : NextTile{});
           int64_t r = 0;
           for (; r + 4 <= m; r += 4) K::template accumulate<4>(pq.data(), pd.data(), kb, a, r0 + r, b0, offset, &acc[r * W]);
           for (; r < m; ++r) K::template accumulate<1>(pq.data(), pd.data(), kb, a, r0 + r, b0, offset, &acc[r * W]);
@@ -82,11 +84,12 @@ struct Vnni {
   }
 
   static void pack(const uint8_t* const* cols, quant::Format format, int64_t kb, const uint16_t* hs, uint8_t* pq,
-                   double* pd) {
+                   double* pd, int64_t b0, const NextTile& next) {
     const __m512i nibbles = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(static_cast<char>(0x80));
     const int64_t bytes = quant::block_bytes(format);
     __m512i t[8];
     for (int64_t b = 0; b < kb; ++b, pq += 512) {
+      next.touch(b0 + b);
       if (format == quant::Format::q8_0) {
         transpose(cols, b * bytes + 2, t);
         transpose(cols, b * bytes + 18, t + 4);
@@ -160,12 +163,13 @@ struct Avx2 {
   }
 
   static void pack(const uint8_t* const* cols, quant::Format format, int64_t kb, const uint16_t* hs, uint8_t* pq,
-                   double* pd) {
+                   double* pd, int64_t b0, const NextTile& next) {
     const __m256i nibbles = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8(static_cast<char>(0x80));
     const bool q8 = format == quant::Format::q8_0;
     const int64_t bytes = quant::block_bytes(format), step = block_bytes(format);
     __m256i t[8];
     for (int64_t b = 0; b < kb; ++b, pq += step) {
+      next.touch(b0 + b);
       transpose(cols, b * bytes + 2, t);
       if (q8) transpose(cols, b * bytes + 18, t + 4);
       for (int g = 0; g < (q8 ? 8 : 4); ++g) {
@@ -228,10 +232,10 @@ bool cpu_has_avx512_vnni() {
 }
 
 void gemm_avx2(const Activations& a, const Weights& w, float* y) {
-  a.m <= kFewRows ? rows_avx2(a, w, y) : gemm_tiled<Avx2>(a, w, y);
+  a.m <= kFewRowsAvx2 ? rows_avx2(a, w, y) : gemm_tiled<Avx2>(a, w, y);
 }
 void gemm_vnni(const Activations& a, const Weights& w, float* y) {
-  a.m <= kFewRows ? rows_vnni(a, w, y) : gemm_tiled<Vnni>(a, w, y);
+  a.m <= kFewRowsVnni ? rows_vnni(a, w, y) : gemm_tiled<Vnni>(a, w, y);
 }
 
 }  // namespace opforge::matmul_q

@@ -26,6 +26,24 @@ inline int32_t load_group(const int8_t* x) {
   return v;
 }
 
+// Brings the 64-byte line at p into the caches. Not _mm_prefetch: GCC counts a prefetch as no
+// side effect, so a function holding only prefetches is found pure and a call to it that was not
+// inlined early is deleted (GCC 12 removed every prefetch of matmul_q_rows_x86.cc that way).
+inline void prefetch_line(const void* p) { asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p))); }
+
+// The weight rows of a thread's next tile, prefetched over the blocks of the current one (block
+// b of nb touches the b-th slice of them): a tile reads 8 or 16 weight rows side by side, streams
+// the hardware prefetchers follow poorly from DRAM, while consecutive tiles' rows lie one after
+// another. Empty after a thread's last tile.
+struct NextTile {
+  const uint8_t* data = nullptr;
+  int64_t bytes = 0, nb = 1;
+
+  void touch(int64_t b) const {
+    for (int64_t at = b * bytes / nb & ~int64_t(63); at < (b + 1) * bytes / nb; at += 64) prefetch_line(data + at);
+  }
+};
+
 // cols[c]: column c0 + c's weight row at block b0. Columns past n repeat the last one; their
 // results are never stored.
 template <int64_t W>
