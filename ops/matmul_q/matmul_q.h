@@ -38,10 +38,14 @@ void gemm_avx2(const Activations& a, const Weights& w, float* y);
 void gemm_vnni(const Activations& a, const Weights& w, float* y);
 // The same for products of a few rows (decoding), the weights read where they lie instead of
 // packed: matmul_q_rows_x86.cc. gemm_avx2 and gemm_vnni hand over products of up to
-// kFewRowsAvx2 / kFewRowsVnni rows. Beyond them packing wins: AVX2's 16 registers hold two rows'
-// products, and with VNNI 4 rows were faster packed for Q4_0 and no slower for Q8_0, 3 rows 1.3-1.6x
-// faster where they lie (4096 x 4096 and 4096 x 32768 weights, Zen 5 VM).
-constexpr int64_t kFewRowsAvx2 = 2, kFewRowsVnni = 3;
+// few_rows_avx2 / few_rows_vnni rows (at most kMaxFewRows); beyond them packing wins. Measured on
+// 4096 x 4096 and 4096 x 32768 weights (Zen 5 VM): with VNNI 3 rows ran 1.3-1.6x faster where they
+// lie, 4 rows of Q4_0 faster packed; AVX2's packed Q8_0 multiplies nibbles (pmaddubsw's unsigned
+// side), twice the work, so its 3 and 4 rows of Q8_0 are faster where they lie, while its Q4_0
+// rows past two (16 registers hold two rows' products) are faster packed.
+constexpr int64_t kMaxFewRows = 4;
+inline int64_t few_rows_vnni(quant::Format) { return 3; }
+inline int64_t few_rows_avx2(quant::Format f) { return f == quant::Format::q8_0 ? 4 : 2; }
 void rows_avx2(const Activations& a, const Weights& w, float* y);
 void rows_vnni(const Activations& a, const Weights& w, float* y);
 #endif

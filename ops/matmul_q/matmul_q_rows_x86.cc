@@ -56,7 +56,7 @@ void rows_tiled(const Activations& a, const Weights& w, float* y) {
 HWY_PUSH_ATTRIBUTES("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 
 struct Vnni {
-  static constexpr int64_t kCols = 16, kMaxRows = kFewRowsVnni;
+  static constexpr int64_t kCols = 16;
   static void scales(const uint16_t* hs, int64_t kb, double* pd) { scales_to_double_16(hs, kb, pd); }
 
   // Register i holds the block of column p = (i & 3) + 8 * (i >> 2) and of column p + 4: the
@@ -140,7 +140,7 @@ HWY_PUSH_ATTRIBUTES("avx2,fma,f16c")
 // quantizer, |x| <= 127): pairs up to 2 * 128 * 127, no saturation. Q4_0's nibbles (<= 15)
 // times x stay far from it too; the offset 8 * sum(x) comes off afterwards.
 struct Avx2 {
-  static constexpr int64_t kCols = 8, kMaxRows = kFewRowsAvx2;
+  static constexpr int64_t kCols = 8;
   static void scales(const uint16_t* hs, int64_t kb, double* pd) { scales_to_double_8(hs, kb, pd); }
 
   // Eight registers of 8 lanes, one column each -> lane c = column c's sum.
@@ -202,13 +202,15 @@ struct Avx2 {
 
 HWY_POP_ATTRIBUTES
 
-// a.m is at most K::kMaxRows (matmul_q.h's kFewRowsAvx2, kFewRowsVnni).
+// a.m is at most kMaxFewRows (matmul_q.h: few_rows_avx2, few_rows_vnni choose who comes here).
 template <class K>
 void rows(const Activations& a, const Weights& w, float* y) {
-  if (a.m == 1) return rows_tiled<K, 1>(a, w, y);
-  if constexpr (K::kMaxRows > 2)
-    if (a.m == 3) return rows_tiled<K, 3>(a, w, y);
-  rows_tiled<K, 2>(a, w, y);
+  switch (a.m) {
+    case 1: return rows_tiled<K, 1>(a, w, y);
+    case 2: return rows_tiled<K, 2>(a, w, y);
+    case 3: return rows_tiled<K, 3>(a, w, y);
+    default: return rows_tiled<K, kMaxFewRows>(a, w, y);
+  }
 }
 
 }  // namespace

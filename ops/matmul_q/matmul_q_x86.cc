@@ -232,10 +232,10 @@ bool cpu_has_avx512_vnni() {
 }
 
 void gemm_avx2(const Activations& a, const Weights& w, float* y) {
-  a.m <= kFewRowsAvx2 ? rows_avx2(a, w, y) : gemm_tiled<Avx2>(a, w, y);
+  a.m <= few_rows_avx2(w.format) ? rows_avx2(a, w, y) : gemm_tiled<Avx2>(a, w, y);
 }
 void gemm_vnni(const Activations& a, const Weights& w, float* y) {
-  a.m <= kFewRowsVnni ? rows_vnni(a, w, y) : gemm_tiled<Vnni>(a, w, y);
+  a.m <= few_rows_vnni(w.format) ? rows_vnni(a, w, y) : gemm_tiled<Vnni>(a, w, y);
 }
 
 }  // namespace opforge::matmul_q

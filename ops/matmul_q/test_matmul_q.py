@@ -12,8 +12,8 @@ BYTES = {"q8_0": 34, "q4_0": 18}
 QUANTIZE = {"q8_0": opforge.quantize_q8_0, "q4_0": opforge.quantize_q4_0}
 # (rows m, k, columns n): one row and 32; k of 1, 3, 33 (one past a 32-block chunk) and 128
 # blocks; odd n leaving partial tiles of 16 (VNNI) and 8 (AVX2) columns; 70 rows cross a
-# 64-row chunk and leave rows past the 4-row kernel; one and two rows (three with VNNI) take the
-# unpacked kernels. Several tiles per thread and a partial last one (n = 50, 70): each tile
+# 64-row chunk and leave rows past the 4-row kernel; one and two rows take the unpacked kernels,
+# three with VNNI, three and four of Q8_0 with AVX2. Several tiles per thread and a partial last one (n = 50, 70): each tile
 # prefetches the next one's weight rows.
 SHAPES = [(1, 32, 1), (1, 4096, 33), (2, 1056, 17), (2, 64, 40), (32, 4096, 17), (32, 96, 33), (7, 96, 17),
           (70, 64, 5), (3, 1056, 9), (3, 4096, 50), (4, 1056, 70), (5, 224, 70)]
@@ -56,7 +56,7 @@ def test_matches_integer_model(simd_target, rng, m, k, n, fmt):
 
 
 @pytest.mark.parametrize("fmt", BYTES)
-@pytest.mark.parametrize("m", [1, 2, 3, 5, 16])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 16])
 def test_any_weight_bytes(simd_target, rng, m, fmt):
     """Weights from any tool, not only opforge's quantizer: every quant byte (Q8_0's -128, which
     the quantizer never writes, and every nibble), finite fp16 scales of any size."""
