@@ -5,7 +5,8 @@
 
 A 4096 x 4096 weight in Q4_0 and Q8_0 against 1, 2 (decoding) and 32 activation rows (a
 prompt): median time of each, GFLOP/s (2 m n k flops), weight GB/s (bytes of the weight as each
-side reads it) and the ratios their time / opforge's (> 1: opforge faster). Then the quantizers
+side reads it, also as a fraction of the memory's read bandwidth measured in the same rounds)
+and the ratios their time / opforge's (> 1: opforge faster). Then the quantizers
 and dequantize on the same matrix against ggml's (bench/results/quantizers_vs_ggml_cpu.csv). opforge runs once
 per pinned SIMD target (AVX3: the VNNI kernels, AVX2: pmaddubsw). ggml is the library
 opforge.ggml_cpu finds (pywhispercpp's wheel: ggml 0.13 built for AVX2, so the AVX2 lines
@@ -64,15 +65,22 @@ def main():
                 mm(x)
                 impls["ggml"] = mm
             cases.append((fmt, m, w.nbytes, impls))
+    # The memory's read bandwidth, the limit of a product whose weight comes from DRAM: a sum over
+    # 512 MiB through torch's multithreaded kernels, once per round beside the products.
+    big = torch.rand(128 << 20)
+    reads = []
     times = {}
     for _ in range(args.rounds):
+        reads.append(big.nbytes / common.median_seconds(lambda: big.sum(), repeats=5) / 1e9)
         for fmt, m, _, impls in cases:
             for name, fn in impls.items():
                 # "opforge AVX2": the SIMD target pinned for the whole timing (AVX3 -> VNNI kernels).
                 opforge.set_simd_target(name.split()[1] if name.startswith("opforge") else "")
                 times.setdefault((fmt, m, name), []).append(common.median_seconds(fn, repeats=args.repeats))
             opforge.set_simd_target("")
-    rows = report(cases, times, n, k)
+    read = statistics.median(reads)
+    print(f"memory read bandwidth (torch sum over 512 MiB): {read:.1f} GB/s, median of {', '.join(f'{r:.0f}' for r in reads)}")
+    rows = report(cases, times, n, k, read)
     print(f"\nwrote {common.write_csv(args.results, rows)}")
     if ggml and not args.no_quantizers:
         quantizer_rows = bench_quantizers(ggml, rng, n, k, args)
@@ -118,21 +126,22 @@ def bench_quantizers(ggml, rng, n, k, args):
     return rows
 
 
-def report(cases, times, n, k):
-    print(f"\n{'format':<6} {'rows':>4} {'impl':<14} {'ms':>8} {'GFLOP/s':>8} {'weight GB/s':>11} "
+def report(cases, times, n, k, read):
+    print(f"\n{'format':<6} {'rows':>4} {'impl':<14} {'ms':>8} {'GFLOP/s':>8} {'weight GB/s':>11} {'of read':>7} "
           f"{'vs opforge AVX3':>15} {'vs opforge AVX2':>15}")
     rows = []
     for fmt, m, weight_bytes, impls in cases:
         med = {name: statistics.median(times[(fmt, m, name)]) for name in impls}
         for name, t in med.items():
             # torch reads the weight as float32; the others read the quantized blocks.
-            read = n * k * 4 if name.startswith("torch") else weight_bytes
+            weight = n * k * 4 if name.startswith("torch") else weight_bytes
             vs = {tgt: med[f"opforge {tgt}"] for tgt in ("AVX3", "AVX2") if f"opforge {tgt}" in med}
             ratios = {f"vs_opforge_{tgt}": t / ours for tgt, ours in vs.items()}
-            print(f"{fmt:<6} {m:>4} {name:<14} {t * 1e3:>8.3f} {2 * m * n * k / t / 1e9:>8.1f} {read / t / 1e9:>11.1f} "
-                  + " ".join(f"{r:>14.2f}x" for r in ratios.values()))
+            gbs = weight / t / 1e9
+            print(f"{fmt:<6} {m:>4} {name:<14} {t * 1e3:>8.3f} {2 * m * n * k / t / 1e9:>8.1f} {gbs:>11.1f} "
+                  f"{gbs / read:>7.0%} " + " ".join(f"{r:>14.2f}x" for r in ratios.values()))
             rows.append({"format": fmt, "rows": m, "impl": name, "ms": t * 1e3, "GFLOP_per_s": 2 * m * n * k / t / 1e9,
-                         "weight_GB_per_s": read / t / 1e9, **ratios})
+                         "weight_GB_per_s": gbs, "fraction_of_read_bandwidth": gbs / read, **ratios})
     return rows
 
 
