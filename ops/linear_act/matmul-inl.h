@@ -27,15 +27,28 @@
 HWY_BEFORE_NAMESPACE();
 namespace opforge::gemm::HWY_NAMESPACE {
 
-// out[i][j] = sum_p x[i][p] * y[j][p] over K contiguous elements, MA x NB at a time.
+// Bytes to bring into the caches in memory order while a DotTile runs: `lines` 64-byte lines
+// from `at` on, spread over its steps along p.
+struct Ahead {
+  const char* at = nullptr;
+  int64_t lines = 0;
+};
+
+// out[i][j] = sum_p x[i][p] * y[j][p] over K contiguous elements, MA x NB at a time; `ahead` the
+// next tile's rows of y.
 template <int MA, int NB, class D, typename TX, typename TY, typename C = hn::TFromD<D>>
-HWY_INLINE void DotTile(D d, const TX* const* x, const TY* const* y, int64_t K, C* out, int64_t ldo) {
+HWY_INLINE void DotTile(D d, const TX* const* x, const TY* const* y, int64_t K, C* out, int64_t ldo,
+                        Ahead ahead = {}) {
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   hn::Vec<D> acc[MA][NB];
   for (int i = 0; i < MA; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = hn::Zero(d);
+  // Lines per step, rounded up so that the last line goes out before the tile's last step.
+  const int64_t steps = K / L, per_step = steps > 0 ? (ahead.lines + steps - 1) / steps : 0;
+  const char* const ahead_end = ahead.at + ahead.lines * 64;
   int64_t p = 0;
   for (; p + L <= K; p += L) {
+    for (int64_t l = 0; l < per_step && ahead.at < ahead_end; ++l, ahead.at += 64) hwy::Prefetch(ahead.at);
     hn::Vec<D> xv[MA];
     for (int i = 0; i < MA; ++i) xv[i] = LoadAs(d, x[i] + p);
     for (int j = 0; j < NB; ++j) {
@@ -70,27 +83,37 @@ void Dot(const Operand<TX>& X, const Operand<TY>& Y, int64_t K, bool x_is_a, con
     C tile[4 * 8];
     for (int64_t block = begin; block < end; ++block) {
       const int64_t y0 = block * kBlock, ny = std::min(kBlock, Y.rows - y0);
-      for (int64_t yb = 0; yb < ny; yb += (nx == 1 ? 8 : 4)) {
+      const int64_t group = nx == 1 ? 8 : 4;
+      for (int64_t yb = 0; yb < ny; yb += group) {
         const TY* yr[8];
         for (int64_t j = 0; j < 8; ++j) yr[j] = Y.data + (y0 + yb + std::min(j, ny - yb - 1)) * Y.rs;
-        const int64_t nb = std::min<int64_t>(nx == 1 ? 8 : 4, ny - yb);
+        const int64_t nb = std::min<int64_t>(group, ny - yb);
+        // The group's rows are read side by side, streams the hardware prefetchers follow poorly
+        // from DRAM: the next group's rows, where they lie one after another, are prefetched in
+        // memory order meanwhile (within this task's rows).
+        Ahead ahead;
+        const int64_t next = y0 + yb + group, next_rows = std::min(group, std::min(end * kBlock, Y.rows) - next);
+        if (Y.rs == K && next_rows > 0)
+          ahead = {reinterpret_cast<const char*>(Y.data + next * Y.rs),
+                   (next_rows * K * static_cast<int64_t>(sizeof(TY)) + 63) / 64};
         for (int64_t xb = 0; xb < nx; xb += 4) {
           const TX* xr[4];
           const int64_t ma = std::min<int64_t>(4, nx - xb);
           for (int64_t i = 0; i < 4; ++i) xr[i] = X.data + (xb + std::min(i, ma - 1)) * X.rs;
           int64_t ldt = 4;
+          if (xb > 0) ahead = {};  // the first pass over the group's rows prefetched the next
           switch (ma) {
             case 1:
               if (nx == 1) {
-                DotTile<1, 8>(d, xr, yr, K, tile, 8);
+                DotTile<1, 8>(d, xr, yr, K, tile, 8, ahead);
                 ldt = 8;
               } else {
-                DotTile<1, 4>(d, xr, yr, K, tile, 4);
+                DotTile<1, 4>(d, xr, yr, K, tile, 4, ahead);
               }
               break;
-            case 2: DotTile<2, 4>(d, xr, yr, K, tile, 4); break;
-            case 3: DotTile<3, 4>(d, xr, yr, K, tile, 4); break;
-            default: DotTile<4, 4>(d, xr, yr, K, tile, 4); break;
+            case 2: DotTile<2, 4>(d, xr, yr, K, tile, 4, ahead); break;
+            case 3: DotTile<3, 4>(d, xr, yr, K, tile, 4, ahead); break;
+            default: DotTile<4, 4>(d, xr, yr, K, tile, 4, ahead); break;
           }
           for (int64_t i = 0; i < ma; ++i)
             for (int64_t j = 0; j < nb; ++j)
