@@ -11,12 +11,16 @@ Each shape is m x k x n (x [m, k], weight [n, k]). opforge runs as a torch user 
 (the default) and off (the AVX-512 kernel), and likewise with AVX512_BF16's dot products; bfloat16 steps
 also with the backward's g rounded to bfloat16 as torch's is (`opforge.set_bf16_grad_rounding_enabled`,
 off by default). torch: `gelu(F.linear(x, w, b))` (oneDNN, which
-uses AMX for bfloat16 where the CPU has it); jax: one jit of the same. A step: opforge through
+uses AMX for bfloat16 where the CPU has it); jax: one jit of the same, its weight [k, n] (since
+2026-11-28; earlier runs gave it torch's [n, k] and `w.T`, no slower at the training shapes). A step: opforge through
 `opforge.torch.linear_act` and `torch.autograd.grad`, torch eager the same way, jax one jit of
 the forward and `jax.vjp`; 3 products, 6 m n k flops. Medians of `repeats`
 calls, then the median over `rounds` sweeps (noise on a shared machine comes in bursts).
-GFLOP/s count 2 m n k; speedups are their time / ours (> 1: opforge faster). Writes
-bench/results/linear_act_cpu.csv and .png (or the --results name).
+GFLOP/s count 2 m n k; weight GB/s the weight's bytes per call, also as a fraction of the
+memory's read bandwidth measured in the same rounds (the limit where a few rows meet a weight
+larger than the caches: decoding, `--shapes 1x4096x16384,4x4096x16384 --kinds forward`);
+speedups are their time / ours (> 1: opforge faster). Writes bench/results/linear_act_cpu.csv
+and .png (or the --results name).
 """
 
 import argparse
@@ -34,9 +38,11 @@ import opforge.torch as ot
 
 def implementations(x, w, b, kind):
     """{name: (zero-argument callable, sync)} for one case; opforge's AMX switch set by the caller."""
+    # jax gets the weight as [k, n], its own layout (flax's Dense kernel): XLA's CPU product with a
+    # transposed [n, k] weight took 100 ms for one row against 4096 x 16384, 5 ms this way.
     xj, wj, bj = (jnp.asarray(t.float().numpy()).astype(jnp.bfloat16 if t.dtype == torch.bfloat16 else jnp.float32)
-                  for t in (x, w, b))
-    forward = lambda x, w, b: jax.nn.gelu(x @ w.T + b, approximate=False)  # noqa: E731
+                  for t in (x, w.T.contiguous(), b))
+    forward = lambda x, w, b: jax.nn.gelu(x @ w + b, approximate=False)  # noqa: E731
     if kind == "forward":
         jitted = jax.jit(forward)
         return {
@@ -92,10 +98,12 @@ def main():
                 impls = implementations(x, w, b, kind)
                 variants = (units + [rounded] * (kind == "step")) if name == "bfloat16" else units[:1]
                 flops = (2.0 if kind == "forward" else 6.0) * m * n * k
-                cases.append((f"{kind} {shape}", name, flops, impls, variants))
+                cases.append((f"{kind} {shape}", name, flops, w.nbytes, impls, variants))
+    read = common.ReadBandwidth()
     times = {}
     for _ in range(args.rounds):
-        for shape, name, _, impls, variants in cases:
+        read()
+        for shape, name, _, _, impls, variants in cases:
             for label, (amx_on, dot_on, rounding) in variants:
                 opforge.set_amx_enabled(amx_on)
                 opforge.set_bf16_dot_enabled(dot_on)
@@ -109,14 +117,19 @@ def main():
                 fn, sync = impls[label]
                 times.setdefault((shape, name, label), []).append(common.median_seconds(fn, args.repeats, sync=sync))
     rows = []
-    print(f"\n{'case':<22} {'dtype':<9} {'implementation':<26} {'ms':>9} {'GFLOP/s':>8} {'opforge speedup':>15}")
-    for shape, name, flops, _, variants in cases:
+    print(read.line())
+    print(f"\n{'case':<22} {'dtype':<9} {'implementation':<26} {'ms':>9} {'GFLOP/s':>8} {'weight GB/s':>11} {'of read':>7} "
+          f"{'opforge speedup':>15}")
+    for shape, name, flops, weight_bytes, _, variants in cases:
         ours = statistics.median(times[(shape, name, "opforge")])
         for label in [v for v, _ in variants] + ["torch eager", "jax.jit"]:
             t = statistics.median(times[(shape, name, label)])
-            print(f"{shape:<22} {name:<9} {label:<26} {t * 1e3:>9.3f} {flops / t / 1e9:>8.1f} {t / ours:>14.2f}x")
+            gbs = weight_bytes / t / 1e9
+            print(f"{shape:<22} {name:<9} {label:<26} {t * 1e3:>9.3f} {flops / t / 1e9:>8.1f} {gbs:>11.1f} "
+                  f"{gbs / read.median:>7.0%} {t / ours:>14.2f}x")
             rows.append({"case": shape, "dtype": name, "impl": label, "median_ms": t * 1e3,
-                         "GFLOP_per_s": flops / t / 1e9, "opforge_speedup": t / ours})
+                         "GFLOP_per_s": flops / t / 1e9, "weight_GB_per_s": gbs,
+                         "weight_fraction_of_read_bandwidth": gbs / read.median, "opforge_speedup": t / ours})
     print(f"\nwrote {common.write_csv(args.results, rows)}")
     labels = list(dict.fromkeys(r["impl"] for r in rows))
     groups = list(dict.fromkeys(f"{r['case']} {r['dtype']}" for r in rows))

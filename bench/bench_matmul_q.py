@@ -65,22 +65,18 @@ def main():
                 mm(x)
                 impls["ggml"] = mm
             cases.append((fmt, m, w.nbytes, impls))
-    # The memory's read bandwidth, the limit of a product whose weight comes from DRAM: a sum over
-    # 512 MiB through torch's multithreaded kernels, once per round beside the products.
-    big = torch.rand(128 << 20)
-    reads = []
+    read = common.ReadBandwidth()
     times = {}
     for _ in range(args.rounds):
-        reads.append(big.nbytes / common.median_seconds(lambda: big.sum(), repeats=5) / 1e9)
+        read()
         for fmt, m, _, impls in cases:
             for name, fn in impls.items():
                 # "opforge AVX2": the SIMD target pinned for the whole timing (AVX3 -> VNNI kernels).
                 opforge.set_simd_target(name.split()[1] if name.startswith("opforge") else "")
                 times.setdefault((fmt, m, name), []).append(common.median_seconds(fn, repeats=args.repeats))
             opforge.set_simd_target("")
-    read = statistics.median(reads)
-    print(f"memory read bandwidth (torch sum over 512 MiB): {read:.1f} GB/s, median of {', '.join(f'{r:.0f}' for r in reads)}")
-    rows = report(cases, times, n, k, read)
+    print(read.line())
+    rows = report(cases, times, n, k, read.median)
     print(f"\nwrote {common.write_csv(args.results, rows)}")
     if ggml and not args.no_quantizers:
         quantizer_rows = bench_quantizers(ggml, rng, n, k, args)

@@ -49,6 +49,29 @@ def stream_bandwidth(threads: int, n: int = 64 << 20) -> dict[str, float]:
     return {"copy": 2 * 8 * n / copy / 1e9, "add": 3 * 8 * n / add / 1e9}
 
 
+class ReadBandwidth:
+    """The memory's read bandwidth, the limit of a product whose weight comes from DRAM: a sum over
+    512 MiB through torch's multithreaded kernels. Call once per round, beside what it bounds (the
+    VM's bandwidth moves from minute to minute); `median` in GB/s."""
+
+    def __init__(self):
+        import torch
+
+        self.big = torch.rand(128 << 20)
+        self.samples = []
+
+    def __call__(self) -> None:
+        self.samples.append(self.big.nbytes / median_seconds(lambda: self.big.sum(), repeats=5) / 1e9)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    def line(self) -> str:
+        return (f"memory read bandwidth (torch sum over 512 MiB): {self.median:.1f} GB/s, median of "
+                + ", ".join(f"{r:.0f}" for r in self.samples))
+
+
 def matmul_peak_gflops(threads: int, n: int = 2048) -> float:
     """The float32 matrix-product rate torch's BLAS reaches on `threads` threads: the practical
     FMA peak that compute-bound ops are measured against."""
