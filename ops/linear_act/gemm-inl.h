@@ -5,8 +5,9 @@
 // swept again. Re-included once per Highway target.
 //
 // Gemm: lanes run along one operand, P, packed once into panels of 2 vectors' worth of rows
-// ([panel][p][2 * lanes], zero-padded); the other, Q, is broadcast element by element straight
-// from its rows (copied only where it needs converting or gathering). The micro-kernel keeps a
+// ([panel][p][2 * lanes], zero-padded; one vector's where that holds all of P); the other, Q, is
+// broadcast element by element straight from its rows (copied only where it needs converting or
+// gathering). The micro-kernel keeps a
 // 2-vector x kTileS tile of sums in registers (16 with AVX-512, 12 of AVX2's 16). Blocking:
 // KC steps of p at a time keep a Q tile in L1 and a block of MC packed P rows in L2; partial sums
 // live in a per-task scratch between K blocks. Matmul picks P: B unless A is much smaller (the
@@ -99,46 +100,44 @@ HWY_INLINE void StoreN(D d, hn::Vec<D> v, T* p, int64_t stride, int64_t count) {
   for (int64_t i = 0; i < std::min(count, lanes); ++i) p[i * stride] = FromCompute<T>(buf[i]);
 }
 
-// c[j * ldc + i] (+)= sum_p panel[p][i] * q[j][p] for i < 2 * lanes, j < kTileS.
-template <class D, typename C = hn::TFromD<D>>
+// c[j * ldc + i] (+)= sum_p panel[p][i] * q[j][p] for i < V * lanes, j < kTileS: panels of V
+// vectors' rows (2, or 1 where P has no more rows than a vector has lanes: a few rows of x
+// against a big weight, where a second vector would be all padding).
+template <int V, class D, typename C = hn::TFromD<D>>
 HWY_NOINLINE void Tile(D d, const C* HWY_RESTRICT panel, const C* const* q_rows, int64_t kc, C* HWY_RESTRICT c,
                        int64_t ldc, bool accumulate) {
   constexpr int S = kTileS;
   const size_t L = hn::Lanes(d);
-  hn::Vec<D> acc0[S], acc1[S];
+  hn::Vec<D> acc[V][S];
   const C* q[S];
   for (int j = 0; j < S; ++j) {
     q[j] = q_rows[j];
-    acc0[j] = accumulate ? hn::Load(d, c + j * ldc) : hn::Zero(d);
-    acc1[j] = accumulate ? hn::Load(d, c + j * ldc + L) : hn::Zero(d);
+    for (int v = 0; v < V; ++v) acc[v][j] = accumulate ? hn::Load(d, c + j * ldc + v * L) : hn::Zero(d);
   }
   for (int64_t p = 0; p < kc; ++p) {
-    const auto a0 = hn::Load(d, panel + p * 2 * L);
-    const auto a1 = hn::Load(d, panel + p * 2 * L + L);
+    hn::Vec<D> a[V];
+    for (int v = 0; v < V; ++v) a[v] = hn::Load(d, panel + (p * V + v) * L);
 #pragma GCC unroll 8
     for (int j = 0; j < S; ++j) {
       const auto b = hn::Set(d, q[j][p]);
-      acc0[j] = hn::MulAdd(a0, b, acc0[j]);
-      acc1[j] = hn::MulAdd(a1, b, acc1[j]);
+      for (int v = 0; v < V; ++v) acc[v][j] = hn::MulAdd(a[v], b, acc[v][j]);
     }
   }
-  for (int j = 0; j < S; ++j) {
-    hn::Store(acc0[j], d, c + j * ldc);
-    hn::Store(acc1[j], d, c + j * ldc + L);
-  }
+  for (int j = 0; j < S; ++j)
+    for (int v = 0; v < V; ++v) hn::Store(acc[v][j], d, c + j * ldc + v * L);
 }
 
-// P's rows in panels of 2 * lanes, [panel][p][row in panel], as Compute values; rows past the
+// P's rows in panels of V * lanes, [panel][p][row in panel], as Compute values; rows past the
 // end are zero. A row-major P (ps == 1) is transposed in blocks of kPackBlock steps of p, so
 // the block being written stays in L1.
-template <typename TP, typename C>
+template <int V, typename TP, typename C>
 void PackPanels(const Operand<TP>& P, int64_t K, C* packed) {
   const hn::ScalableTag<C> d;
-  const int64_t L = static_cast<int64_t>(hn::Lanes(d)), VL = 2 * L;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d)), VL = V * L;
   const int64_t panels = (P.rows + VL - 1) / VL;
   constexpr int64_t kPackBlock = 64;
   parallel_for(panels, std::max<int64_t>(1, (1 << 15) / (VL * K + 1)), [&](int64_t begin, int64_t end) {
-    HWY_ALIGN C block[HWY_MAX_BYTES / sizeof(C) * 2 * kPackBlock];
+    HWY_ALIGN C block[HWY_MAX_BYTES / sizeof(C) * V * kPackBlock];
     for (int64_t panel = begin; panel < end; ++panel) {
       C* dst = packed + panel * K * VL;
       const int64_t r0 = panel * VL, valid = std::min(VL, P.rows - r0);
@@ -217,10 +216,14 @@ void TransposeRows(const Operand<TQ>& Q, int64_t K, C* HWY_RESTRICT out) {
 }
 #endif
 
+template <int V, typename TP, typename TQ, typename Sum>
+void GemmPanels(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is_a, const Epilogue<Sum>& epi);
+
 // D = P Q^T through the packed-panel micro-kernel. p_is_a: P is the product's A (the epilogue
 // gets columns of D), else its B (rows of D). Operands of uint32_t are bfloat16 pairs (element p
 // of such a row: the pair 2p, 2p + 1 of the bfloat16 row, 2p in the low half; K counts pairs),
-// multiplied by PairTile (pair_tile-inl.h) into float32 sums (AVX-512 targets only).
+// multiplied by PairTile (pair_tile-inl.h) into float32 sums (AVX-512 targets only). GemmPanels
+// (below) does it with panels of V vectors' rows.
 template <typename TP, typename TQ, typename Sum = Compute<TP>>
 void Gemm(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is_a, const Epilogue<Sum>& epi) {
   using C = Compute<TP>;
@@ -235,13 +238,23 @@ void Gemm(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is_a, co
     }
   }
 #endif
+  // One vector's rows per panel where they hold all of P: 8-16 rows of x against a 16384 x 4096
+  // float32 weight took 11.4 ms in two-vector panels, three quarters padding (Zen 5 VM).
+  if (P.rows <= static_cast<int64_t>(hn::Lanes(hn::ScalableTag<C>()))) return GemmPanels<1>(P, Q, K, p_is_a, epi);
+  GemmPanels<2>(P, Q, K, p_is_a, epi);
+}
+
+template <int V, typename TP, typename TQ, typename Sum>
+void GemmPanels(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is_a, const Epilogue<Sum>& epi) {
+  using C = Compute<TP>;
+  constexpr bool kPairs = std::is_same_v<TP, uint32_t>;
   constexpr int S = kTileS;
   const hn::ScalableTag<C> d;
-  const int64_t VL = 2 * static_cast<int64_t>(hn::Lanes(d));
+  const int64_t VL = V * static_cast<int64_t>(hn::Lanes(d));
   const int64_t panels = (P.rows + VL - 1) / VL;
   const cpu::BackendBuffer<C> packed_buffer(std::max<int64_t>(1, panels * VL * K));
   C* packed = packed_buffer.get();
-  PackPanels(P, K, packed);
+  PackPanels<V>(P, K, packed);
 
   // Blocks by bytes: a KC x MC slice of packed P (384 KiB) in L2, a KC x S slice of Q in L1 (12 KiB
   // with AVX-512); timings vary by a few % only between KC = 256 and 768.
@@ -253,9 +266,10 @@ void Gemm(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is_a, co
   while (nc > S && r_blocks * ((Q.rows + nc - 1) / nc) < 4 * num_threads()) nc = S * ((nc / 2 + S - 1) / S);
   const int64_t s_chunks = (Q.rows + nc - 1) / nc;
 
-  // A block of P small enough to stay in L2 whole: each Q tile goes through all of K at once,
-  // so Q (often the weight, read from memory once) streams row by row; else K blocks outermost.
-  const bool q_rows_outer = mc_panels * VL * K * static_cast<int64_t>(sizeof(C)) <= (512 << 10);
+  // A block of P small enough to stay in L2 whole (its real panels: a few rows of x are one):
+  // each Q tile goes through all of K at once, so Q (often the weight, read from memory once)
+  // streams row by row; else K blocks outermost.
+  const bool q_rows_outer = std::min(mc_panels, panels) * VL * K * static_cast<int64_t>(sizeof(C)) <= (512 << 10);
 
   // Tasks of less than ~2^18 multiply-adds share a thread: waking one costs more than that.
   const int64_t task_work = mc_panels * VL * nc * std::max<int64_t>(1, K);
@@ -274,8 +288,8 @@ void Gemm(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is_a, co
         QRows(Q, s, valid, p0, kc, qbuf, KC, q);
         for (int64_t panel = panel0; panel < panel1; ++panel) {
           Sum* c = scratch + (s - s0) * ldc + (panel - panel0) * VL;
-          if constexpr (kPairs) PairTile<S>(d, packed + (panel * K + p0) * VL, q, kc, c, ldc, p0 > 0);
-          else Tile(d, packed + (panel * K + p0) * VL, q, kc, c, ldc, p0 > 0);
+          if constexpr (kPairs) PairTile<S, V>(d, packed + (panel * K + p0) * VL, q, kc, c, ldc, p0 > 0);
+          else Tile<V>(d, packed + (panel * K + p0) * VL, q, kc, c, ldc, p0 > 0);
           if (p0 + kc < K) continue;
           const int64_t r0 = panel * VL, rows = std::min(VL, P.rows - r0);
           if (p_is_a) epi.Cols(r0, s, c, ldc, rows, valid);

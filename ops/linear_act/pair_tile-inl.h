@@ -32,31 +32,29 @@ HWY_INLINE __m512 DotPairs(__m512 acc, __m512i a, __m512i b) {
   return acc;
 }
 
-// Tile over bfloat16 pairs (Operand<uint32_t>, see Gemm) for S rows of Q: c[j * ldc + i] (+)= sum
-// over steps p of panel[p][i] . q[j][p], each a pair of products, in float32.
-template <int S, class D>
+// Tile over bfloat16 pairs (Operand<uint32_t>, see Gemm) for S rows of Q and panels of V vectors'
+// rows: c[j * ldc + i] (+)= sum over steps p of panel[p][i] . q[j][p], each a pair of products,
+// in float32.
+template <int S, int V, class D>
 HWY_NOINLINE void PairTile(D, const uint32_t* HWY_RESTRICT panel, const uint32_t* const* q_rows, int64_t kc,
                            float* HWY_RESTRICT c, int64_t ldc, bool accumulate) {
-  __m512 acc0[S], acc1[S];
+  __m512 acc[V][S];
   const uint32_t* q[S];
   for (int j = 0; j < S; ++j) {
     q[j] = q_rows[j];
-    acc0[j] = accumulate ? _mm512_load_ps(c + j * ldc) : _mm512_setzero_ps();
-    acc1[j] = accumulate ? _mm512_load_ps(c + j * ldc + 16) : _mm512_setzero_ps();
+    for (int v = 0; v < V; ++v) acc[v][j] = accumulate ? _mm512_load_ps(c + j * ldc + 16 * v) : _mm512_setzero_ps();
   }
   for (int64_t p = 0; p < kc; ++p) {
-    const __m512i a0 = _mm512_load_si512(panel + p * 32), a1 = _mm512_load_si512(panel + p * 32 + 16);
+    __m512i a[V];
+    for (int v = 0; v < V; ++v) a[v] = _mm512_load_si512(panel + (p * V + v) * 16);
 #pragma GCC unroll 8
     for (int j = 0; j < S; ++j) {
       const __m512i b = _mm512_set1_epi32(static_cast<int>(q[j][p]));
-      acc0[j] = DotPairs(acc0[j], a0, b);
-      acc1[j] = DotPairs(acc1[j], a1, b);
+      for (int v = 0; v < V; ++v) acc[v][j] = DotPairs(acc[v][j], a[v], b);
     }
   }
-  for (int j = 0; j < S; ++j) {
-    _mm512_store_ps(c + j * ldc, acc0[j]);
-    _mm512_store_ps(c + j * ldc + 16, acc1[j]);
-  }
+  for (int j = 0; j < S; ++j)
+    for (int v = 0; v < V; ++v) _mm512_store_ps(c + j * ldc + 16 * v, acc[v][j]);
 }
 
 // The rows of a bfloat16 operand that sit side by side (element (r, k) at data[r + k * ps]: W^T,
