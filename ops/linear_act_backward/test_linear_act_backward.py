@@ -269,7 +269,9 @@ def test_bf16_unit_rounded_g(bf16_unit, g_rounding, rng, shape, saved):
 def test_rounded_g_is_the_activation_gradient_in_bfloat16(bf16_unit, rng, act):
     # Rounding means exactly: the activation's own backward op in bfloat16 (float32 inside, one
     # rounding), then the products of act="none" on that g. Without rounding, most results differ
-    # by an ulp or more (relu' is 0 or 1: its g is exact either way).
+    # by an ulp or more. relu' is 0 or 1, so its g is exact either way: there the two differ only
+    # where the float32 product and the bfloat16 one add in another order and a sum lands across a
+    # bfloat16 rounding boundary (1-2 results of 12800 in about one seed of 15).
     grad, x, w, b = arrays(rng, 64, 200, 96, "torch", "bfloat16")
     z = opforge.linear_act_with_preact(x, w, b, act=act)[1]
     if act == "gelu_tanh":
@@ -288,7 +290,7 @@ def test_rounded_g_is_the_activation_gradient_in_bfloat16(bf16_unit, rng, act):
     for name, got, want_v, kept_v in zip(("grad_x", "grad_weight"), rounded, want, kept):
         assert torch.equal(got, want_v), name
         differ = (kept_v != want_v).float().mean().item()
-        assert differ == 0 if act == "relu" else differ > 0.05, f"{name}: {differ:.1%} differ"
+        assert differ < 0.002 if act == "relu" else differ > 0.05, f"{name}: {differ:.2%} differ"
 
 
 def test_rounded_g_through_autograd(g_rounding, rng):
