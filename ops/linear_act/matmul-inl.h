@@ -65,6 +65,50 @@ HWY_INLINE void DotTile(D d, const TX* const* x, const TY* const* y, int64_t K, 
   }
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && (defined(__GNUC__) || defined(__clang__))  // kPairTile
+// DotTile for bfloat16 rows on AVX512_BF16's pair products (DotPairs, pair_tile-inl.h): 32
+// elements a step, no conversions, in float32 (products of pairs added as vdpbf16ps adds them).
+template <int MA, int NB>
+HWY_INLINE void DotPairsTile(const hwy::bfloat16_t* const* x, const hwy::bfloat16_t* const* y, int64_t K, float* out,
+                             int64_t ldo, Ahead ahead) {
+  __m512 acc[MA][NB];
+  for (int i = 0; i < MA; ++i)
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+  const int64_t steps = K / 32, per_step = steps > 0 ? (ahead.lines + steps - 1) / steps : 0;
+  const char* const ahead_end = ahead.at + ahead.lines * 64;
+  int64_t p = 0;
+  for (; p + 32 <= K; p += 32) {
+    for (int64_t l = 0; l < per_step && ahead.at < ahead_end; ++l, ahead.at += 64) hwy::Prefetch(ahead.at);
+    __m512i xv[MA];
+    for (int i = 0; i < MA; ++i) xv[i] = _mm512_loadu_si512(x[i] + p);
+    for (int j = 0; j < NB; ++j) {
+      const __m512i yv = _mm512_loadu_si512(y[j] + p);
+      for (int i = 0; i < MA; ++i) acc[i][j] = DotPairs(acc[i][j], xv[i], yv);
+    }
+  }
+  for (int i = 0; i < MA; ++i) {
+    for (int j = 0; j < NB; ++j) {
+      float sum = _mm512_reduce_add_ps(acc[i][j]);
+      for (int64_t t = p; t < K; ++t) sum += hwy::F32FromBF16(x[i][t]) * hwy::F32FromBF16(y[j][t]);
+      out[i * ldo + j] = sum;
+    }
+  }
+}
+#endif
+
+// Tile of D for rows x (MA of them) and y (NB): the pair products where they are on, else FMA.
+template <int MA, int NB, class D, typename TX, typename TY, typename C>
+HWY_INLINE void AnyDotTile(D d, const TX* const* x, const TY* const* y, int64_t K, C* out, int64_t ldo, Ahead ahead,
+                           bool pairs) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && (defined(__GNUC__) || defined(__clang__))  // kPairTile
+  if constexpr (std::is_same_v<TX, hwy::bfloat16_t> && std::is_same_v<TY, hwy::bfloat16_t>) {
+    if (pairs) return DotPairsTile<MA, NB>(x, y, K, out, ldo, ahead);
+  }
+#endif
+  (void)pairs;
+  DotTile<MA, NB>(d, x, y, K, out, ldo, ahead);
+}
+
 // D = X Y^T (or its transpose) for an X of few rows: blocks of Y's rows in parallel, each row of
 // Y read once for all of X. x_is_a: X is the product's A. Both operands have ps == 1.
 template <typename TX, typename TY>
@@ -75,6 +119,7 @@ void Dot(const Operand<TX>& X, const Operand<TY>& Y, int64_t K, bool x_is_a, con
   constexpr int64_t kBlock = 64;  // rows of Y per task
   const int64_t nx = X.rows, nx_pad = (nx + L - 1) / L * L;
   const int64_t blocks = (Y.rows + kBlock - 1) / kBlock;
+  const bool pairs = bf16_dot_enabled();  // bfloat16 rows on AVX512_BF16's pair products
   parallel_for(blocks, std::max<int64_t>(1, (1 << 18) / (kBlock * (K + 1) * nx)), [&](int64_t begin, int64_t end) {
     // [x][y] when X is A (rows of D are X's rows), else [y][x]; padded to whole vectors.
     auto sums = hwy::AllocateAligned<C>(nx_pad * kBlock);
@@ -105,15 +150,15 @@ void Dot(const Operand<TX>& X, const Operand<TY>& Y, int64_t K, bool x_is_a, con
           switch (ma) {
             case 1:
               if (nx == 1) {
-                DotTile<1, 8>(d, xr, yr, K, tile, 8, ahead);
+                AnyDotTile<1, 8>(d, xr, yr, K, tile, 8, ahead, pairs);
                 ldt = 8;
               } else {
-                DotTile<1, 4>(d, xr, yr, K, tile, 4, ahead);
+                AnyDotTile<1, 4>(d, xr, yr, K, tile, 4, ahead, pairs);
               }
               break;
-            case 2: DotTile<2, 4>(d, xr, yr, K, tile, 4, ahead); break;
-            case 3: DotTile<3, 4>(d, xr, yr, K, tile, 4, ahead); break;
-            default: DotTile<4, 4>(d, xr, yr, K, tile, 4, ahead); break;
+            case 2: AnyDotTile<2, 4>(d, xr, yr, K, tile, 4, ahead, pairs); break;
+            case 3: AnyDotTile<3, 4>(d, xr, yr, K, tile, 4, ahead, pairs); break;
+            default: AnyDotTile<4, 4>(d, xr, yr, K, tile, 4, ahead, pairs); break;
           }
           for (int64_t i = 0; i < ma; ++i)
             for (int64_t j = 0; j < nb; ++j)
@@ -199,8 +244,15 @@ void Matmul(const Operand<TA>& A, const Operand<TB>& B, int64_t K, const Epilogu
   if (A.rows == 0 || B.rows == 0) return;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<Compute<TA>>()));
   // A panel of 2 vectors' rows costs the same for 1 row as for all of them: below about 3/16 of
-  // that, dot products are faster (measured: 1-16 rows against 4096 x 4096 with AVX-512).
-  const int64_t dot_max = std::max<int64_t>(2, lanes * 3 / 8);
+  // that, dot products are faster (measured: 1-16 rows against 4096 x 4096 with AVX-512). On
+  // AVX512_BF16's pairs, up to 12 rows (1-24 rows against 4096 x 4096 and 16384 x 4096, Zen 5 VM:
+  // 8 rows 0.96-1.08 -> 0.70-0.74 ms and 4.6-5.0 -> 2.9-3.0 ms against one-vector panels); not
+  // where AMX takes the products (untimed against its tiles).
+  int64_t dot_max = std::max<int64_t>(2, lanes * 3 / 8);
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && (defined(__GNUC__) || defined(__clang__))  // kPairTile
+  if constexpr (std::is_same_v<TA, hwy::bfloat16_t> && std::is_same_v<TB, hwy::bfloat16_t>)
+    if (bf16_dot_enabled() && !amx_enabled()) dot_max = 12;
+#endif
   if (A.ps == 1 && B.ps == 1 && K > 0 && std::min(A.rows, B.rows) <= dot_max) {
     if (A.rows <= B.rows) Dot(A, B, K, true, epi);
     else Dot(B, A, K, false, epi);

@@ -22,9 +22,10 @@ COMPUTE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-24, "b
 # the rest take packed panels along x (m < n) or weight (m > n); k = 513 spans two K blocks, m = 257
 # with n = 300 two row blocks; odd sizes leave edge tiles everywhere; (1, 200, 96): a row against
 # weight rows in several 64-row tasks of 8-row groups, each prefetching the next. A packed side of
-# at most a vector's rows takes one-vector panels: x (7, 12 rows) or the weight (9 rows).
+# at most a vector's rows takes one-vector panels: x (7, 12, 14 rows) or the weight (9 rows); with
+# AVX512_BF16's pairs, bfloat16 takes dot products up to 12 rows, so 14 is its one-vector case.
 SHAPES = [(1, 7, 33), (1, 1, 1), (5, 65, 257), (65, 5, 33), (7, 1, 65), (7, 65, 33), (33, 65, 513), (257, 33, 65),
-          (65, 65, 7), (257, 300, 33), (1, 200, 96), (12, 300, 513), (65, 9, 40)]
+          (65, 65, 7), (257, 300, 33), (1, 200, 96), (12, 300, 513), (65, 9, 40), (14, 70, 66)]
 
 
 def activate(z, act):
