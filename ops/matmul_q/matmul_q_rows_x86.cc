@@ -1,11 +1,11 @@
-// matmul_q's x86 kernels for one to three activation rows (decoding a token): each weight byte
-// meets a few rows, so repacking tiles as matmul_q_x86.cc does costs more than it saves.
-// Here a tile's columns are read where they lie. A column's block goes into a vector as it is
-// (Q8_0: its 32 quants; Q4_0: its 16 bytes, low nibbles beside high), the int8 dot product
-// instruction leaves 4-byte partial sums in 32-bit lanes, and a tree of unpacks and adds folds
-// each column's partials into a lane of its own: the exact int32 block sum that the packed
-// kernels and the scalar reference compute, scaled and summed in double in block order as they
-// do, so every path still gives the same bits.
+// matmul_q's x86 kernels for one to four activation rows (decoding a token; matmul_q.h says how
+// many each kernel takes): each weight byte meets a few rows, so repacking tiles as
+// matmul_q_x86.cc does costs more than it saves. Here a tile's columns are read where they lie.
+// A column's block goes into a vector as it is (Q8_0: its 32 quants; Q4_0: its 16 bytes, low
+// nibbles beside high), the int8 dot product instruction leaves 4-byte partial sums in 32-bit
+// lanes, and a tree of unpacks and adds folds each column's partials into a lane of its own: the
+// exact int32 block sum that the packed kernels and the scalar reference compute, scaled and
+// summed in double in block order as they do, so every path still gives the same bits.
 //
 // A tile's columns are 8 or 16 weight rows read side by side, one stream each, which the
 // hardware prefetchers follow poorly from DRAM; the weight rows of consecutive tiles lie one after

@@ -28,7 +28,7 @@ inline int32_t load_group(const int8_t* x) {
 
 // Brings the 64-byte line at p into the caches. Not _mm_prefetch: GCC counts a prefetch as no
 // side effect, so a function holding only prefetches is found pure and a call to it that was not
-// inlined early is deleted (GCC 12 removed every prefetch of matmul_q_rows_x86.cc that way).
+// inlined early is deleted (GCC 12 removed a first version's, in a lambda, that way).
 inline void prefetch_line(const void* p) { asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p))); }
 
 // The weight rows of a thread's next tile, prefetched over the blocks of the current one (block
