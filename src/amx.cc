@@ -3,9 +3,9 @@
 // (arch_prctl ARCH_REQ_XCOMP_PERM) before its first tile instruction, or that faults (SIGILL).
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 
 #include "opforge/simd.h"
+#include "environment.h"
 
 #if defined(__x86_64__) && defined(__linux__)
 #include <cpuid.h>
@@ -35,12 +35,7 @@ bool detect() {
 bool detect() { return false; }
 #endif
 
-bool turned_off_by_environment() {
-  const char* env = std::getenv("OPFORGE_AMX");
-  return env && (std::strcmp(env, "0") == 0 || std::strcmp(env, "off") == 0);
-}
-
-std::atomic<bool> turned_off{turned_off_by_environment()};
+std::atomic<bool> turned_off{turned_off_by_environment("OPFORGE_AMX")};
 
 }  // namespace
 

@@ -7,13 +7,13 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #endif
 
 #include "opforge/error.h"
+#include "environment.h"
 
 namespace opforge {
 
@@ -94,17 +94,7 @@ bool detect_avx512_bf16() {
 #endif
 }
 
-bool turned_off_by_environment(const char* variable) {
-  const char* env = std::getenv(variable);
-  return env && (std::strcmp(env, "0") == 0 || std::strcmp(env, "off") == 0);
-}
-
 std::atomic<bool> bf16_dot_on{detect_avx512_bf16() && !turned_off_by_environment("OPFORGE_BF16_DOT")};
-
-bool turned_on_by_environment(const char* variable) {
-  const char* env = std::getenv(variable);
-  return env && (std::strcmp(env, "1") == 0 || std::strcmp(env, "on") == 0);
-}
 
 std::atomic<bool> bf16_grad_rounding_on{turned_on_by_environment("OPFORGE_BF16_GRAD_ROUNDING")};
 }  // namespace

@@ -9,12 +9,12 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
-#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "opforge/error.h"
 #include "opforge/parallel.h"
+#include "environment.h"
 
 namespace opforge {
 
@@ -227,10 +227,7 @@ void set_num_threads(int64_t n) {
 
 // OPFORGE_FOREIGN_POOL=0: opforge's own pool always (UseForeignPool does nothing).
 bool foreign_pools_allowed() {
-  static const bool allowed = [] {
-    const char* env = std::getenv("OPFORGE_FOREIGN_POOL");
-    return !(env && (std::string_view(env) == "0" || std::string_view(env) == "off"));
-  }();
+  static const bool allowed = !turned_off_by_environment("OPFORGE_FOREIGN_POOL");
   return allowed;
 }
 
