@@ -62,30 +62,38 @@ HWY_INLINE V Reciprocal(D d, V a) {
   }
 }
 
-// sigmoid(x) and sigmoid(-x) = 1 - sigmoid(x), both without cancellation: the tabulated
-// sigmoid(-|x|) and 1 minus it when every lane is inside the table's range; otherwise, from
-// e = exp(-|x|), 1 / (1 + e) and e / (1 + e).
+// sigmoid(-a) and sigmoid(a) from e = exp(-a), a >= 0 or NaN: e / (1 + e) and 1 / (1 + e).
+template <class D, class V>
+HWY_INLINE void SigmoidFromExp(D d, V a, V& left, V& right) {
+  const V e = ExpNonPositiveMagic(d, hn::Neg(a));
+  right = Reciprocal(d, hn::Add(Splat(d, 1.0), e));
+  left = hn::Mul(e, right);
+}
+
+// sigmoid(x) and sigmoid(-x) = 1 - sigmoid(x), both without cancellation: from the tabulated
+// sigmoid(-|x|) and 1 minus it where |x| is inside the table's range, from SigmoidFromExp
+// elsewhere (NaN included); lane by lane (see InTable).
 template <class D, class V>
 HWY_INLINE void SigmoidPair(D d, V x, V& s, V& s_neg) {
-  const V one = Splat(d, 1.0);
+  const V a = hn::Abs(x);
+  V left, right;  // sigmoid(-|x|), sigmoid(|x|)
   if constexpr (kHasPiecewiseTables<D>) {
     using Table = SigmoidLeftTable<static_cast<int>(hn::MaxLanes(D()))>;
-    const V a = hn::Abs(x);
-    if (HWY_LIKELY(AllInTable(d, a, Table::kRange))) {
-      const V left = Piecewise<Table>(d, a);  // sigmoid(-|x|)
-      const V right = hn::Sub(one, left);
-      const auto negative = hn::Lt(x, hn::Zero(d));
-      s = hn::IfThenElse(negative, left, right);
-      s_neg = hn::IfThenElse(negative, right, left);
-      return;
+    const auto inside = InTable(d, a, Table::kRange);
+    left = Piecewise<Table>(d, a);
+    right = hn::Sub(Splat(d, 1.0), left);
+    if (HWY_UNLIKELY(!hn::AllTrue(d, inside))) {
+      V exp_left, exp_right;
+      SigmoidFromExp(d, a, exp_left, exp_right);
+      left = hn::IfThenElse(inside, left, exp_left);
+      right = hn::IfThenElse(inside, right, exp_right);
     }
+  } else {
+    SigmoidFromExp(d, a, left, right);
   }
-  const V e = ExpNonPositiveMagic(d, hn::Neg(hn::Abs(x)));
-  const V r = Reciprocal(d, hn::Add(one, e));
-  const V q = hn::Mul(e, r);
-  const auto pos = hn::Ge(x, hn::Zero(d));
-  s = hn::IfThenElse(pos, r, q);
-  s_neg = hn::IfThenElse(pos, q, r);
+  const auto negative = hn::Lt(x, hn::Zero(d));
+  s = hn::IfThenElse(negative, left, right);
+  s_neg = hn::IfThenElse(negative, right, left);
 }
 
 // Float: 2^24 Phi(-|x|) = 2^24 erfc(|z|) / 2, z = x / sqrt(2), by Numerical Recipes' erfcc
@@ -146,18 +154,19 @@ HWY_INLINE V TimesNormalCdfAnyX(D d, V m, V x) {
   }
 }
 
-// m * Phi(x): Phi from the tabulated polynomials when every lane is inside their range (nearly
-// every vector of typical activations), from the erfc path otherwise (NaN included).
+// m * Phi(x): Phi from the tabulated polynomials where |x| is inside their range (nearly every
+// lane of typical activations), from the erfc path elsewhere (NaN included); lane by lane.
 template <class D, class V>
 HWY_INLINE V TimesNormalCdf(D d, V m, V x) {
   if constexpr (kHasPiecewiseTables<D>) {
     using Table = NormalCdfLeftTable<static_cast<int>(hn::MaxLanes(D()))>;
     const V a = hn::Abs(x);
-    if (HWY_LIKELY(AllInTable(d, a, Table::kRange))) {
-      // Phi(x) = 1 - Phi(-x) for x >= 0, where absolute accuracy is relative accuracy.
-      const V left = Piecewise<Table>(d, a);
-      return hn::Mul(m, hn::IfThenElse(hn::Lt(x, hn::Zero(d)), left, hn::Sub(Splat(d, 1.0), left)));
-    }
+    const auto inside = InTable(d, a, Table::kRange);
+    // Phi(x) = 1 - Phi(-x) for x >= 0, where absolute accuracy is relative accuracy.
+    const V left = Piecewise<Table>(d, a);
+    const V tabled = hn::Mul(m, hn::IfThenElse(hn::Lt(x, hn::Zero(d)), left, hn::Sub(Splat(d, 1.0), left)));
+    if (HWY_LIKELY(hn::AllTrue(d, inside))) return tabled;
+    return hn::IfThenElse(inside, tabled, TimesNormalCdfAnyX(d, m, x));
   }
   return TimesNormalCdfAnyX(d, m, x);
 }
@@ -209,7 +218,7 @@ struct GeluErf {
 };
 
 // gelu'(x) = Phi(x) + x * phi(x), phi the standard normal density; Phi and phi from their
-// tables (one lookup of the interval for both) when every lane is inside them.
+// tables (one lookup of the interval for both) where |x| is inside them, lane by lane.
 struct GeluErfGrad {
   template <class D, class V>
   HWY_INLINE V operator()(D d, V g, V x) const {
@@ -219,13 +228,20 @@ struct GeluErfGrad {
       using Pdf = NormalPdfTable<kLanes>;
       static_assert(Cdf::kRange == Pdf::kRange);
       const V a = hn::Abs(x);
-      if (HWY_LIKELY(AllInTable(d, a, Cdf::kRange))) {
-        const TablePoint<D> at = LocateInTable(d, a, Cdf::kRange);
-        const V left = EvaluateTable<Cdf>(d, at);
-        const V cdf = hn::IfThenElse(hn::Lt(x, hn::Zero(d)), left, hn::Sub(Splat(d, 1.0), left));
-        return hn::Mul(g, hn::MulAdd(x, EvaluateTable<Pdf>(d, at), cdf));
-      }
+      const auto inside = InTable(d, a, Cdf::kRange);
+      const TablePoint<D> at = LocateInTable(d, a, Cdf::kRange);
+      const V left = EvaluateTable<Cdf>(d, at);
+      const V cdf = hn::IfThenElse(hn::Lt(x, hn::Zero(d)), left, hn::Sub(Splat(d, 1.0), left));
+      const V tabled = hn::Mul(g, hn::MulAdd(x, EvaluateTable<Pdf>(d, at), cdf));
+      if (HWY_LIKELY(hn::AllTrue(d, inside))) return tabled;
+      return hn::IfThenElse(inside, tabled, AnyX(d, g, x));
     }
+    return AnyX(d, g, x);
+  }
+
+  // From exp and ScaledLeftNormalCdf (float) or std::erfc (double): any x.
+  template <class D, class V>
+  HWY_INLINE static V AnyX(D d, V g, V x) {
     const V xc = ClampAbs(d, x, kGeluLimit);
     // float: Phi and phi both scaled by 2^24 (see ScaledLeftNormalCdf) and unscaled last.
     constexpr bool kScaled = sizeof(hn::TFromD<D>) == 4;

@@ -63,10 +63,17 @@ HWY_INLINE V Piecewise(D d, V a) {
   return EvaluateTable<Table>(d, LocateInTable(d, a, Table::kRange));
 }
 
-// Whether every lane of a (|x|, NaN fails) is inside a table of that range.
+// The lanes of a (|x|) inside a table of that range (NaN: outside). Callers take the table's
+// form lane by lane: the tabled result where every lane is inside (the common case, one branch),
+// else IfThenElse(inside, tabled, general form). Never one form for a whole vector: a lane
+// outside would give its neighbours the general form's results, a few ulp off the table's, so a
+// value's result would depend on where a row's tail or a thread's share begins and on the
+// shape, and a fused epilogue would not match the standalone op bit for bit. The lanes outside
+// evaluate some interval's polynomial far from it (finite, inf or NaN, never a subnormal) and
+// are dropped.
 template <class D, class V>
-HWY_INLINE bool AllInTable(D d, V a, float range) {
-  return hn::AllTrue(d, hn::Lt(a, Splat(d, range)));
+HWY_INLINE auto InTable(D d, V a, float range) {
+  return hn::Lt(a, Splat(d, range));
 }
 
 }  // namespace opforge::cpu::HWY_NAMESPACE
