@@ -6,9 +6,10 @@ normal values times a scale (1, 4, 8, 22), since the work per element depends on
 Why: opforge's exact gelu keeps relative accuracy far into the left tail (Phi from erfc), and
 its CPU kernels take a tabulated path for the lanes with |x| < 4 (16 for silu's sigmoid), a
 longer erfc/exp path for the others (a vector with lanes on both sides computes both).
-Pre-activations of an unnormalized product (randn weights) sit far out: scale 22 is x @ w^T for x, w of 500 standard normal columns. Before
-2026-11-27 that path made subnormal floats (exp at its flush point, Phi(-13)), each a ~150-cycle
-microcode assist on Intel: gelu ran 10x slower than torch there (tests/cpp/test_subnormals.cc).
+Pre-activations of an unnormalized product (randn weights) sit far out: scale 22 is x @ w^T
+for x, w of 500 standard normal columns. Before 2026-11-27 that path made subnormal floats (exp
+at its flush point, Phi(-13)), each a ~150-cycle microcode assist on Intel: gelu ran 10x slower
+than torch there (tests/cpp/test_subnormals.cc).
 
 float32, n elements (16 MiB at the default: past L2, inside this machine's L3), opforge's
 thread count for both libraries. Medians of `--repeats` calls, then the median over `--rounds`
