@@ -10,7 +10,9 @@
 // gathering). The micro-kernel keeps a
 // 2-vector x kTileS tile of sums in registers (16 with AVX-512, 12 of AVX2's 16). Blocking:
 // KC steps of p at a time keep a Q tile in L1 and a block of MC packed P rows in L2; partial sums
-// live in a per-task scratch between K blocks. Matmul picks P: B unless A is much smaller (the
+// live in a per-task scratch between K blocks; where P's block fits L2 (a few rows of x against a
+// big weight), each Q tile goes through all of K before the next, whose rows are prefetched in memory
+// order meanwhile (ahead.h). Matmul picks P: B unless A is much smaller (the
 // packing, a transposing copy, costs O(P.rows * K) for 2 M N K flops; an A packed hands its tiles
 // over turned around).
 //
@@ -103,9 +105,9 @@ HWY_INLINE void StoreN(D d, hn::Vec<D> v, T* p, int64_t stride, int64_t count) {
 // c[j * ldc + i] (+)= sum_p panel[p][i] * q[j][p] for i < V * lanes, j < kTileS: panels of V
 // vectors' rows (2, or 1 where P has no more rows than a vector has lanes: a few rows of x
 // against a big weight, where a second vector would be all padding).
-template <int V, class D, typename C = hn::TFromD<D>>
+template <int V, bool kAhead, class D, typename C = hn::TFromD<D>>
 HWY_NOINLINE void Tile(D d, const C* HWY_RESTRICT panel, const C* const* q_rows, int64_t kc, C* HWY_RESTRICT c,
-                       int64_t ldc, bool accumulate) {
+                       int64_t ldc, bool accumulate, Ahead ahead) {
   constexpr int S = kTileS;
   const size_t L = hn::Lanes(d);
   hn::Vec<D> acc[V][S];
@@ -114,7 +116,10 @@ HWY_NOINLINE void Tile(D d, const C* HWY_RESTRICT panel, const C* const* q_rows,
     q[j] = q_rows[j];
     for (int v = 0; v < V; ++v) acc[v][j] = accumulate ? hn::Load(d, c + j * ldc + v * L) : hn::Zero(d);
   }
+  const int64_t per_step = ahead.PerStep(kc);
+  const char* const ahead_end = ahead.at + ahead.lines * 64;
   for (int64_t p = 0; p < kc; ++p) {
+    if constexpr (kAhead) ahead.Issue(per_step, ahead_end);
     hn::Vec<D> a[V];
     for (int v = 0; v < V; ++v) a[v] = hn::Load(d, panel + (p * V + v) * L);
 #pragma GCC unroll 8
@@ -282,14 +287,22 @@ void GemmPanels(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is
       const int64_t panel0 = task / s_chunks * mc_panels, panel1 = std::min(panels, panel0 + mc_panels);
       const int64_t s0 = task % s_chunks * nc, s1 = std::min(Q.rows, s0 + nc);
       // Rows s..s+S of Q against the block's panels over p0..p0+KC; the last K block finishes them.
-      const auto step = [&](int64_t s, int64_t p0) {
+      const auto step = [&](int64_t s, int64_t p0, Ahead ahead) {
         const int64_t kc = std::min(KC, K - p0), valid = std::min<int64_t>(S, s1 - s);
         const C* q[S];
         QRows(Q, s, valid, p0, kc, qbuf, KC, q);
-        for (int64_t panel = panel0; panel < panel1; ++panel) {
+        for (int64_t panel = panel0; panel < panel1; ++panel, ahead = {}) {
           Sum* c = scratch + (s - s0) * ldc + (panel - panel0) * VL;
-          if constexpr (kPairs) PairTile<S, V>(d, packed + (panel * K + p0) * VL, q, kc, c, ldc, p0 > 0);
-          else Tile<V>(d, packed + (panel * K + p0) * VL, q, kc, c, ldc, p0 > 0);
+          // Nothing to prefetch: the loop without the check (with it, 1024^3 float32 looked 3-7%
+          // slower, near this VM's noise).
+          const C* pp = packed + (panel * K + p0) * VL;
+          if constexpr (kPairs) {
+            if (ahead.lines > 0) PairTile<S, V, true>(d, pp, q, kc, c, ldc, p0 > 0, ahead);
+            else PairTile<S, V, false>(d, pp, q, kc, c, ldc, p0 > 0, ahead);
+          } else {
+            if (ahead.lines > 0) Tile<V, true>(d, pp, q, kc, c, ldc, p0 > 0, ahead);
+            else Tile<V, false>(d, pp, q, kc, c, ldc, p0 > 0, ahead);
+          }
           if (p0 + kc < K) continue;
           const int64_t r0 = panel * VL, rows = std::min(VL, P.rows - r0);
           if (p_is_a) epi.Cols(r0, s, c, ldc, rows, valid);
@@ -299,11 +312,21 @@ void GemmPanels(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is
       };
       const int64_t k_blocks = std::max<int64_t>(1, (K + KC - 1) / KC);  // one (empty) block when K = 0
       if (q_rows_outer) {
-        for (int64_t s = s0; s < s1; s += S)
-          for (int64_t b = 0; b < k_blocks; ++b) step(s, b * KC);
+        for (int64_t s = s0; s < s1; s += S) {
+          // Q's next S rows (this task's), where they lie one after another, prefetched in memory
+          // order while these go through K: a share per K block.
+          const int64_t next_rows = std::min<int64_t>(S, s1 - s - S);
+          const int64_t lines = Q.ps == 1 && Q.rs == K && next_rows > 0
+                                    ? (next_rows * K * static_cast<int64_t>(sizeof(TQ)) + 63) / 64 : 0;
+          const char* next = reinterpret_cast<const char*>(Q.data + (s + S) * Q.rs);
+          for (int64_t b = 0; b < k_blocks; ++b) {
+            const int64_t from = lines * b / k_blocks, to = lines * (b + 1) / k_blocks;
+            step(s, b * KC, Ahead{next + from * 64, to - from});
+          }
+        }
       } else {
         for (int64_t b = 0; b < k_blocks; ++b)
-          for (int64_t s = s0; s < s1; s += S) step(s, b * KC);
+          for (int64_t s = s0; s < s1; s += S) step(s, b * KC, Ahead{});
       }
     }
   });

@@ -27,13 +27,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace opforge::gemm::HWY_NAMESPACE {
 
-// Bytes to bring into the caches in memory order while a DotTile runs: `lines` 64-byte lines
-// from `at` on, spread over its steps along p.
-struct Ahead {
-  const char* at = nullptr;
-  int64_t lines = 0;
-};
-
 // out[i][j] = sum_p x[i][p] * y[j][p] over K contiguous elements, MA x NB at a time; `ahead` the
 // next tile's rows of y. GCC 12 keeps acc in memory (the loops after the hot one index it) and
 // stores every accumulator on every step. Fully unrolled, with none of those stores, the tiles
@@ -47,12 +40,11 @@ HWY_INLINE void DotTile(D d, const TX* const* x, const TY* const* y, int64_t K, 
   hn::Vec<D> acc[MA][NB];
   for (int i = 0; i < MA; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = hn::Zero(d);
-  // Lines per step, rounded up so that the last line goes out before the tile's last step.
-  const int64_t steps = K / L, per_step = steps > 0 ? (ahead.lines + steps - 1) / steps : 0;
+  const int64_t per_step = ahead.PerStep(K / L);
   const char* const ahead_end = ahead.at + ahead.lines * 64;
   int64_t p = 0;
   for (; p + L <= K; p += L) {
-    for (int64_t l = 0; l < per_step && ahead.at < ahead_end; ++l, ahead.at += 64) hwy::Prefetch(ahead.at);
+    ahead.Issue(per_step, ahead_end);
     hn::Vec<D> xv[MA];
     for (int i = 0; i < MA; ++i) xv[i] = LoadAs(d, x[i] + p);
     for (int j = 0; j < NB; ++j) {
@@ -78,11 +70,11 @@ HWY_INLINE void DotPairsTile(const hwy::bfloat16_t* const* x, const hwy::bfloat1
   __m512 acc[MA][NB];
   for (int i = 0; i < MA; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
-  const int64_t steps = K / 32, per_step = steps > 0 ? (ahead.lines + steps - 1) / steps : 0;
+  const int64_t per_step = ahead.PerStep(K / 32);
   const char* const ahead_end = ahead.at + ahead.lines * 64;
   int64_t p = 0;
   for (; p + 32 <= K; p += 32) {
-    for (int64_t l = 0; l < per_step && ahead.at < ahead_end; ++l, ahead.at += 64) hwy::Prefetch(ahead.at);
+    ahead.Issue(per_step, ahead_end);
     __m512i xv[MA];
     for (int i = 0; i < MA; ++i) xv[i] = _mm512_loadu_si512(x[i] + p);
     for (int j = 0; j < NB; ++j) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "opforge/parallel.h"
+#include "ops/linear_act/ahead.h"
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && (defined(__GNUC__) || defined(__clang__))
 #include "ops/linear_act/amx_transpose.h"
 #endif
@@ -35,16 +36,19 @@ HWY_INLINE __m512 DotPairs(__m512 acc, __m512i a, __m512i b) {
 // Tile over bfloat16 pairs (Operand<uint32_t>, see Gemm) for S rows of Q and panels of V vectors'
 // rows: c[j * ldc + i] (+)= sum over steps p of panel[p][i] . q[j][p], each a pair of products,
 // in float32.
-template <int S, int V, class D>
+template <int S, int V, bool kAhead, class D>
 HWY_NOINLINE void PairTile(D, const uint32_t* HWY_RESTRICT panel, const uint32_t* const* q_rows, int64_t kc,
-                           float* HWY_RESTRICT c, int64_t ldc, bool accumulate) {
+                           float* HWY_RESTRICT c, int64_t ldc, bool accumulate, Ahead ahead) {
   __m512 acc[V][S];
   const uint32_t* q[S];
   for (int j = 0; j < S; ++j) {
     q[j] = q_rows[j];
     for (int v = 0; v < V; ++v) acc[v][j] = accumulate ? _mm512_load_ps(c + j * ldc + 16 * v) : _mm512_setzero_ps();
   }
+  const int64_t per_step = ahead.PerStep(kc);
+  const char* const ahead_end = ahead.at + ahead.lines * 64;
   for (int64_t p = 0; p < kc; ++p) {
+    if constexpr (kAhead) ahead.Issue(per_step, ahead_end);
     __m512i a[V];
     for (int v = 0; v < V; ++v) a[v] = _mm512_load_si512(panel + (p * V + v) * 16);
 #pragma GCC unroll 8
