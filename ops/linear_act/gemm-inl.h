@@ -318,7 +318,7 @@ void GemmPanels(const Operand<TP>& P, const Operand<TQ>& Q, int64_t K, bool p_is
           const int64_t next_rows = std::min<int64_t>(S, s1 - s - S);
           const int64_t lines = Q.ps == 1 && Q.rs == K && next_rows > 0
                                     ? (next_rows * K * static_cast<int64_t>(sizeof(TQ)) + 63) / 64 : 0;
-          const char* next = reinterpret_cast<const char*>(Q.data + (s + S) * Q.rs);
+          const char* next = lines > 0 ? reinterpret_cast<const char*>(Q.data + (s + S) * Q.rs) : nullptr;
           for (int64_t b = 0; b < k_blocks; ++b) {
             const int64_t from = lines * b / k_blocks, to = lines * (b + 1) / k_blocks;
             step(s, b * KC, Ahead{next + from * 64, to - from});
