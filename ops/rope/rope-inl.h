@@ -61,6 +61,19 @@ HWY_INLINE void InterleavedRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, con
   for (; i < dim; ++i) out[i] = FromCompute<T>(ToCompute(x[i]) * c2[i] + ToCompute(x[i ^ 1]) * s2[i]);
 }
 
+// A head's row is short (128 values: 512 bytes) and read as two halves side by side, which the
+// hardware prefetchers follow poorly from DRAM: 64 MiB of float32 took 5.2 ms on one thread,
+// against 3.1 for add's two streams (Zen 5 VM). The row this many rows later in the walk is
+// prefetched meanwhile (3.8 ms; 4 to 16 rows ahead measured the same).
+inline constexpr int64_t kRowsAhead = 8;
+
+template <typename T>
+HWY_INLINE void PrefetchHeadRow(const T* row, int64_t dim) {
+  if (!row) return;
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t at = 0; at < dim * static_cast<int64_t>(sizeof(T)); at += 64) hwy::Prefetch(bytes + at);
+}
+
 // out = x rotated by the tables' angles, or by their negatives when `inverse`.
 template <typename T>
 void RotateTyped(const TensorView& x, const TensorView& cos, const TensorView& sin, bool interleaved, bool inverse,
@@ -80,7 +93,10 @@ void RotateTyped(const TensorView& x, const TensorView& cos, const TensorView& s
     C* c = table.data();
     C* s = table.data() + dim;
     std::vector<T> row_copy(step == 1 ? 0 : dim);
+    const T* next_group = src + cpu::offset_of(begin, x.shape.data(), x.strides.data(), rank - 2);
     for (int64_t g = begin; g < end; ++g) {
+      const T* group = next_group;
+      next_group = g + 1 < end ? src + cpu::offset_of(g + 1, x.shape.data(), x.strides.data(), rank - 2) : nullptr;
       const int64_t p = g % seq;
       for (int64_t i = 0; i < half; ++i) {
         const C ci = ToCompute(cos_data[p * cos.strides[0] + i * cos.strides[1]]);
@@ -94,9 +110,15 @@ void RotateTyped(const TensorView& x, const TensorView& cos, const TensorView& s
           s[i] = si;
         }
       }
-      const T* group = src + cpu::offset_of(g, x.shape.data(), x.strides.data(), rank - 2);
+      // The row kRowsAhead rows later in this task's walk (nullptr past its end).
+      const auto later = [&](int64_t h) -> const T* {
+        const int64_t at = h + kRowsAhead;
+        if (at < heads) return group + at * head_stride;
+        return next_group && at - heads < heads ? next_group + (at - heads) * head_stride : nullptr;
+      };
       for (int64_t h = 0; h < heads; ++h) {
         const T* row = group + h * head_stride;
+        if (step == 1) PrefetchHeadRow(later(h), dim);
         if (step != 1) {
           for (int64_t i = 0; i < dim; ++i) row_copy[i] = row[i * step];
           row = row_copy.data();
