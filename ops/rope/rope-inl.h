@@ -64,7 +64,7 @@ HWY_INLINE void InterleavedRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, con
 // A head's row is short (128 values: 512 bytes) and read as two halves side by side, which the
 // hardware prefetchers follow poorly from DRAM: 64 MiB of float32 took 5.2 ms on one thread,
 // against 3.1 for add's two streams (Zen 5 VM). The row this many rows later in the walk is
-// prefetched meanwhile (3.8 ms; 4 to 16 rows ahead measured the same).
+// prefetched meanwhile (3.8-4.1 ms; 4 to 16 rows ahead measured the same).
 inline constexpr int64_t kRowsAhead = 8;
 
 template <typename T>
