@@ -273,9 +273,10 @@ TEST(Schedules, TheBenchmarkRunsEverySchedule) {
     ++per_op_dtype[l.substr(14, dtype_end - 14)];
   }
   // rms_norm and layer_norm: the op's own and 2/4/8/16 plain, 4/8 ordered, 4/8 streaming, 4/2
-  // columns first, 4/8 staged, 9 reread; silu and copy: the ops' own and 8 others; in both dtypes.
+  // columns first, the op's own capped at 32 registers, 4/8 staged, 9 reread; silu and copy: the
+  // ops' own and 8 others; in both dtypes.
   for (const char* dtype : {"float32", "bfloat16"}) {
-    for (const char* op : {"rms_norm", "layer_norm"}) EXPECT_EQ((per_op_dtype[std::string(op) + "," + dtype]), 22) << op;
+    for (const char* op : {"rms_norm", "layer_norm"}) EXPECT_EQ((per_op_dtype[std::string(op) + "," + dtype]), 23) << op;
     for (const char* op : {"silu", "copy"}) EXPECT_EQ((per_op_dtype[std::string(op) + "," + dtype]), 9) << op;
   }
   // scatter_add's sum: the op's own two (two columns where they fit, first; one elsewhere) and 7
