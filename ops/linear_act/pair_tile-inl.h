@@ -15,13 +15,15 @@
 #include <cstdint>
 
 #include "opforge/parallel.h"
-#include "ops/linear_act/ahead.h"
+#include "opforge/cpu/ahead.h"
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && (defined(__GNUC__) || defined(__clang__))
 #include "ops/linear_act/amx_transpose.h"
 #endif
 
 HWY_BEFORE_NAMESPACE();
 namespace opforge::gemm::HWY_NAMESPACE {
+
+using cpu::Ahead;
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && (defined(__GNUC__) || defined(__clang__))
 inline constexpr bool kPairTile = true;

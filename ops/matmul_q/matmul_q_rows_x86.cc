@@ -1,11 +1,16 @@
-// matmul_q's x86 kernels for one to four activation rows (decoding a token; matmul_q.h says how
-// many each kernel takes): each weight byte meets a few rows, so repacking tiles as
-// matmul_q_x86.cc does costs more than it saves. Here a tile's columns are read where they lie.
-// A column's block goes into a vector as it is (Q8_0: its 32 quants; Q4_0: its 16 bytes, low
-// nibbles beside high), the int8 dot product instruction leaves 4-byte partial sums in 32-bit
-// lanes, and a tree of unpacks and adds folds each column's partials into a lane of its own: the
-// exact int32 block sum that the packed kernels and the scalar reference compute, scaled and
-// summed in double in block order as they do, so every path still gives the same bits.
+// matmul_q's x86 kernels for one to eight activation rows (decoding a token, a small batch;
+// matmul_q.h says how many each kernel takes): each weight byte meets a few rows, so repacking
+// tiles once into a buffer as matmul_q_x86.cc does costs more than it saves. Here a tile's
+// columns are read where they lie, one block at a time.
+// - VNNI: a block of 16 columns is transposed in registers into the layout that packing writes
+//   (one column per 32-bit lane, 4 quants of a group in it), and each row's exact int32 block sums
+//   come from 8 vpdpbusd with the row's 4 quants of each group broadcast.
+// - AVX2: a column's block goes into a vector as it is (Q8_0: its 32 quants; Q4_0: its 16 bytes,
+//   low nibbles beside high), pmaddubsw and pmaddwd leave partial sums in 32-bit lanes, and a tree
+//   of unpacks and adds folds each column's partials into a lane of its own.
+// Either way the sums are the exact int32 block sums that the packed kernels and the scalar
+// reference compute, scaled and summed in double in block order as they do, so every path gives
+// the same bits.
 //
 // A tile's columns are 8 or 16 weight rows read side by side, one stream each, which the
 // hardware prefetchers follow poorly from DRAM; the weight rows of consecutive tiles lie one after
@@ -38,7 +43,7 @@ void rows_tiled(const Activations& a, const Weights& w, float* y) {
       alignas(64) double acc[R * W] = {};
       NextTile next;
       if (t + 1 < t_end)
-        next = {w.data + (t + 1) * W * w.row_bytes, std::min(W, w.n - (t + 1) * W) * w.row_bytes, a.nb};
+        next = NextTile(w.data + (t + 1) * W * w.row_bytes, std::min(W, w.n - (t + 1) * W) * w.row_bytes, a.nb);
       for (int64_t b0 = 0; b0 < a.nb; b0 += kBlockChunk) {
         const int64_t kb = std::min(kBlockChunk, a.nb - b0);
         tile_columns<W>(w, t * W, b0, cols);
@@ -59,70 +64,26 @@ struct Vnni {
   static constexpr int64_t kCols = 16;
   static void scales(const uint16_t* hs, int64_t kb, double* pd) { scales_to_double_16(hs, kb, pd); }
 
-  // Register i holds the block of column p = (i & 3) + 8 * (i >> 2) and of column p + 4: the
-  // order in which fold() leaves the 16 columns' sums in lanes 0..15.
-  static int pair(int i) { return (i & 3) + 8 * (i >> 2); }
-
-  // s[i]'s 16 lanes of partial sums -> one lane per column. Q8_0 registers hold column p in their
-  // low 256 bits and p + 4 in their high ones; Q4_0's 128-bit lanes are [p low nibbles, p + 4
-  // low, p high, p + 4 high]: the last step adds lanes 0 + 1 and 2 + 3, or 0 + 2 and 1 + 3.
-  static __m512i fold(const __m512i* s, bool q8) {
-    __m512i u[4], v[2];
-    for (int j = 0; j < 4; ++j)
-      u[j] = _mm512_add_epi32(_mm512_unpacklo_epi32(s[2 * j], s[2 * j + 1]),
-                              _mm512_unpackhi_epi32(s[2 * j], s[2 * j + 1]));
-    for (int j = 0; j < 2; ++j)
-      v[j] = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2 * j], u[2 * j + 1]),
-                              _mm512_unpackhi_epi64(u[2 * j], u[2 * j + 1]));
-    if (q8)
-      return _mm512_add_epi32(_mm512_shuffle_i64x2(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                              _mm512_shuffle_i64x2(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm512_add_epi32(_mm512_shuffle_i64x2(v[0], v[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                            _mm512_shuffle_i64x2(v[0], v[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  }
-
   template <int R>
   static void dot(const uint8_t* const* cols, quant::Format format, int64_t kb, const double* pd,
-                  const Activations& a, int64_t b0, double* acc, const NextTile& next) {
+                  const Activations& a, int64_t b0, double* acc, NextTile& next) {
     const bool q8 = format == quant::Format::q8_0;
     const int64_t bytes = quant::block_bytes(format);
     const int32_t offset = weight_offset(format);
-    const __m512i nibbles = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(static_cast<char>(0x80));
     __m512d lo[R], hi[R];
     for (int r = 0; r < R; ++r) {
       lo[r] = _mm512_loadu_pd(acc + 16 * r);
       hi[r] = _mm512_loadu_pd(acc + 16 * r + 8);
     }
     for (int64_t b = 0; b < kb; ++b) {
-      next.touch(b0 + b);
-      const int64_t at = b * bytes + 2;
-      __m512i v[8];
-      for (int i = 0; i < 8; ++i) {
-        const uint8_t *p = cols[pair(i)] + at, *p4 = cols[pair(i) + 4] + at;
-        if (q8) {
-          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-          const __m256i x4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p4));
-          v[i] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(x), x4, 1), flip);
-        } else {
-          const __m256i n = _mm256_inserti128_si256(
-              _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(p4)), 1);
-          v[i] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(n), _mm256_srli_epi16(n, 4), 1),
-                                  nibbles);
-        }
-      }
+      next.touch();
+      __m512i wq[8];
+      block_groups_16(cols, q8, b * bytes + 2, wq);
       const __m512d d_lo = _mm512_loadu_pd(pd + 16 * b), d_hi = _mm512_loadu_pd(pd + 16 * b + 8);
+#pragma GCC unroll 8  // lo and hi stay in registers only if every r is its own code
       for (int r = 0; r < R; ++r) {
         const int64_t g = r * a.nb + b0 + b;
-        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + g * quant::kBlock));
-        // Q8_0: the block twice; Q4_0: quants 0-15 twice (the low nibbles'), then 16-31 twice.
-        const __m512i x = q8 ? _mm512_broadcast_i64x4(xq)
-                             : _mm512_shuffle_i64x2(_mm512_castsi256_si512(xq), _mm512_castsi256_si512(xq),
-                                                    _MM_SHUFFLE(1, 1, 0, 0));
-        __m512i s[8];
-        for (int i = 0; i < 8; ++i) s[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[i], x);
-        add_block_16(_mm512_sub_epi32(fold(s, q8), _mm512_set1_epi32(offset * a.sum[g])), d_lo, d_hi, a.d[g], lo[r],
-                     hi[r]);
+        add_block_16(dot_block_16(wq, a.q + g * quant::kBlock, offset * a.sum[g]), d_lo, d_hi, a.d[g], lo[r], hi[r]);
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -157,7 +118,7 @@ struct Avx2 {
 
   template <int R>
   static void dot(const uint8_t* const* cols, quant::Format format, int64_t kb, const double* pd,
-                  const Activations& a, int64_t b0, double* acc, const NextTile& next) {
+                  const Activations& a, int64_t b0, double* acc, NextTile& next) {
     const bool q8 = format == quant::Format::q8_0;
     const int64_t bytes = quant::block_bytes(format);
     const __m256i nibbles = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
@@ -167,7 +128,7 @@ struct Avx2 {
       hi[r] = _mm256_loadu_pd(acc + 8 * r + 4);
     }
     for (int64_t b = 0; b < kb; ++b) {
-      next.touch(b0 + b);
+      next.touch();
       __m256i v[8];
       for (int c = 0; c < 8; ++c) {
         const uint8_t* p = cols[c] + b * bytes + 2;
@@ -202,21 +163,20 @@ struct Avx2 {
 
 HWY_POP_ATTRIBUTES
 
-// a.m is at most kMaxFewRows (matmul_q.h: few_rows_avx2, few_rows_vnni choose who comes here).
-template <class K>
+// rows_tiled for R = a.m, 1 <= a.m <= kMaxRows (matmul_q.h: few_rows_avx2, few_rows_vnni choose
+// who comes here).
+template <class K, int kMaxRows, int R = 1>
 void rows(const Activations& a, const Weights& w, float* y) {
-  switch (a.m) {
-    case 1: return rows_tiled<K, 1>(a, w, y);
-    case 2: return rows_tiled<K, 2>(a, w, y);
-    case 3: return rows_tiled<K, 3>(a, w, y);
-    default: return rows_tiled<K, kMaxFewRows>(a, w, y);
+  if constexpr (R < kMaxRows) {
+    if (a.m > R) return rows<K, kMaxRows, R + 1>(a, w, y);
   }
+  rows_tiled<K, R>(a, w, y);
 }
 
 }  // namespace
 
-void rows_avx2(const Activations& a, const Weights& w, float* y) { rows<Avx2>(a, w, y); }
-void rows_vnni(const Activations& a, const Weights& w, float* y) { rows<Vnni>(a, w, y); }
+void rows_avx2(const Activations& a, const Weights& w, float* y) { rows<Avx2, kMaxFewRowsAvx2>(a, w, y); }
+void rows_vnni(const Activations& a, const Weights& w, float* y) { rows<Vnni, kMaxFewRowsVnni>(a, w, y); }
 
 }  // namespace opforge::matmul_q
 #endif

@@ -40,7 +40,7 @@ void gemm_tiled(const Activations& a, const Weights& w, float* y) {
     for (int64_t t = t_begin; t < t_end; ++t) {
       const int64_t c0 = t * W, valid = std::min(W, w.n - c0);
       NextTile next;
-      if (t + 1 < t_end) next = {w.data + (c0 + W) * w.row_bytes, std::min(W, w.n - c0 - W) * w.row_bytes, a.nb};
+      if (t + 1 < t_end) next = NextTile(w.data + (c0 + W) * w.row_bytes, std::min(W, w.n - c0 - W) * w.row_bytes, a.nb);
       for (int64_t r0 = 0; r0 < a.m; r0 += kRowChunk) {
         const int64_t m = std::min(kRowChunk, a.m - r0);
         std::fill(acc.begin(), acc.end(), 0.0);
@@ -48,7 +48,7 @@ void gemm_tiled(const Activations& a, const Weights& w, float* y) {
           const int64_t kb = std::min(kBlockChunk, a.nb - b0);
           tile_columns<W>(w, c0, b0, cols);
           copy_scales<W>(cols, bytes, kb, hs.data());
-          K::pack(cols, w.format, kb, hs.data(), pq.data(), pd.data(), b0, r0 == 0 ? next : NextTile{});
+          K::pack(cols, w.format, kb, hs.data(), pq.data(), pd.data(), next);  // next: spent after r0 == 0
           int64_t r = 0;
           for (; r + 4 <= m; r += 4) K::template accumulate<4>(pq.data(), pd.data(), kb, a, r0 + r, b0, offset, &acc[r * W]);
           for (; r < m; ++r) K::template accumulate<1>(pq.data(), pd.data(), kb, a, r0 + r, b0, offset, &acc[r * W]);
@@ -66,41 +66,14 @@ struct Vnni {
   static constexpr int64_t kCols = 16;
   static int64_t block_bytes(quant::Format) { return 8 * 64; }
 
-  // t[g] lane c = bytes 4g..4g+3 of the 16 at cols[c] + at: loads of 4 columns per register
-  // (columns i, i + 4, i + 8, i + 12 in register i), then a 4 x 4 transpose per 128-bit lane.
-  static void transpose(const uint8_t* const* cols, int64_t at, __m512i* t) {
-    __m512i z[4];
-    for (int i = 0; i < 4; ++i) {
-      const auto load = [&](int c) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(cols[c] + at)); };
-      z[i] = _mm512_inserti32x4(_mm512_castsi128_si512(load(i)), load(i + 4), 1);
-      z[i] = _mm512_inserti32x4(_mm512_inserti32x4(z[i], load(i + 8), 2), load(i + 12), 3);
-    }
-    const __m512i a = _mm512_unpacklo_epi32(z[0], z[1]), b = _mm512_unpacklo_epi32(z[2], z[3]);
-    const __m512i c = _mm512_unpackhi_epi32(z[0], z[1]), d = _mm512_unpackhi_epi32(z[2], z[3]);
-    t[0] = _mm512_unpacklo_epi64(a, b);
-    t[1] = _mm512_unpackhi_epi64(a, b);
-    t[2] = _mm512_unpacklo_epi64(c, d);
-    t[3] = _mm512_unpackhi_epi64(c, d);
-  }
-
   static void pack(const uint8_t* const* cols, quant::Format format, int64_t kb, const uint16_t* hs, uint8_t* pq,
-                   double* pd, int64_t b0, const NextTile& next) {
-    const __m512i nibbles = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+                   double* pd, NextTile& next) {
     const int64_t bytes = quant::block_bytes(format);
     __m512i t[8];
     for (int64_t b = 0; b < kb; ++b, pq += 512) {
-      next.touch(b0 + b);
-      if (format == quant::Format::q8_0) {
-        transpose(cols, b * bytes + 2, t);
-        transpose(cols, b * bytes + 18, t + 4);
-        for (int g = 0; g < 8; ++g) _mm512_storeu_si512(pq + 64 * g, _mm512_xor_si512(t[g], flip));
-      } else {  // low nibbles are quants 4g.., high nibbles 16 + 4g..
-        transpose(cols, b * bytes + 2, t);
-        for (int g = 0; g < 4; ++g) {
-          _mm512_storeu_si512(pq + 64 * g, _mm512_and_si512(t[g], nibbles));
-          _mm512_storeu_si512(pq + 64 * (g + 4), _mm512_and_si512(_mm512_srli_epi32(t[g], 4), nibbles));
-        }
-      }
+      next.touch();
+      block_groups_16(cols, format == quant::Format::q8_0, b * bytes + 2, t);
+      for (int g = 0; g < 8; ++g) _mm512_storeu_si512(pq + 64 * g, t[g]);
     }
     scales_to_double_16(hs, kb, pd);
   }
@@ -120,14 +93,7 @@ struct Vnni {
       const __m512d d_lo = _mm512_loadu_pd(pd), d_hi = _mm512_loadu_pd(pd + 8);
       for (int i = 0; i < R; ++i) {
         const int64_t g = (r0 + i) * a.nb + b0 + b;
-        const int8_t* x = a.q + g * quant::kBlock;
-        // Two chains halve the dependency on vpdpbusd's latency.
-        __m512i s0 = _mm512_set1_epi32(-offset * a.sum[g]), s1 = _mm512_setzero_si512();
-        for (int j = 0; j < 8; j += 2) {
-          s0 = _mm512_dpbusd_epi32(s0, wq[j], _mm512_set1_epi32(load_group(x + 4 * j)));
-          s1 = _mm512_dpbusd_epi32(s1, wq[j + 1], _mm512_set1_epi32(load_group(x + 4 * j + 4)));
-        }
-        add_block_16(_mm512_add_epi32(s0, s1), d_lo, d_hi, a.d[g], lo[i], hi[i]);
+        add_block_16(dot_block_16(wq, a.q + g * quant::kBlock, offset * a.sum[g]), d_lo, d_hi, a.d[g], lo[i], hi[i]);
       }
     }
     for (int i = 0; i < R; ++i) {
@@ -163,13 +129,13 @@ struct Avx2 {
   }
 
   static void pack(const uint8_t* const* cols, quant::Format format, int64_t kb, const uint16_t* hs, uint8_t* pq,
-                   double* pd, int64_t b0, const NextTile& next) {
+                   double* pd, NextTile& next) {
     const __m256i nibbles = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8(static_cast<char>(0x80));
     const bool q8 = format == quant::Format::q8_0;
     const int64_t bytes = quant::block_bytes(format), step = block_bytes(format);
     __m256i t[8];
     for (int64_t b = 0; b < kb; ++b, pq += step) {
-      next.touch(b0 + b);
+      next.touch();
       transpose(cols, b * bytes + 2, t);
       if (q8) transpose(cols, b * bytes + 18, t + 4);
       for (int g = 0; g < (q8 ? 8 : 4); ++g) {

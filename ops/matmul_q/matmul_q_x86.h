@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "opforge/cpu/ahead.h"
 #include "ops/matmul_q/matmul_q.h"
 
 namespace opforge::matmul_q::x86 {
@@ -26,22 +27,24 @@ inline int32_t load_group(const int8_t* x) {
   return v;
 }
 
-// Brings the 64-byte line at p into the caches. Not _mm_prefetch: GCC counts a prefetch as no
-// side effect, so a function holding only prefetches is found pure and a call to it that was not
-// inlined early is deleted (GCC 12 removed a first version's, in a lambda, that way).
-inline void prefetch_line(const void* p) { asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p))); }
-
-// The weight rows of a thread's next tile, prefetched over the blocks of the current one (block
-// b of nb touches the b-th slice of them): a tile reads 8 or 16 weight rows side by side, streams
-// the hardware prefetchers follow poorly from DRAM, while consecutive tiles' rows lie one after
-// another. Empty after a thread's last tile.
-struct NextTile {
-  const uint8_t* data = nullptr;
-  int64_t bytes = 0, nb = 1;
-
-  void touch(int64_t b) const {
-    for (int64_t at = b * bytes / nb & ~int64_t(63); at < (b + 1) * bytes / nb; at += 64) prefetch_line(data + at);
+// The weight rows of a thread's next tile, prefetched over the blocks of the current one, a
+// share per block (opforge/cpu/ahead.h says why). Empty after a thread's last tile.
+class NextTile {
+ public:
+  NextTile() = default;
+  // `bytes` from `data` on, over the blocks of a tile of nb blocks.
+  NextTile(const uint8_t* data, int64_t bytes, int64_t nb) {
+    const auto at = reinterpret_cast<uintptr_t>(data);
+    ahead_ = {reinterpret_cast<const char*>(at & ~uintptr_t(63)), static_cast<int64_t>((at % 64 + bytes + 63) / 64)};
+    end_ = ahead_.at + ahead_.lines * 64;
+    per_block_ = ahead_.PerStep(nb);
   }
+  void touch() { ahead_.Issue(per_block_, end_); }
+
+ private:
+  cpu::Ahead ahead_;
+  const char* end_ = nullptr;
+  int64_t per_block_ = 0;
 };
 
 // cols[c]: column c0 + c's weight row at block b0. Columns past n repeat the last one; their
@@ -81,6 +84,57 @@ inline void add_block_16(__m512i sum, __m512d d_lo, __m512d d_hi, float dx, __m5
   const __m512d x = _mm512_set1_pd(static_cast<double>(dx));
   lo = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(sum)), _mm512_mul_pd(d_lo, x), lo);
   hi = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(sum, 1)), _mm512_mul_pd(d_hi, x), hi);
+}
+
+HWY_POP_ATTRIBUTES
+HWY_PUSH_ATTRIBUTES("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+
+// One block of 16 columns transposed for vpdpbusd: wq[g] lane c = quants 4g..4g+3 of column c's
+// block at cols[c] + at (its quants, past the scale), made unsigned (Q8_0: q ^ 0x80; Q4_0: the raw
+// nibbles, low ones in wq[0..3], high ones in wq[4..7]). Each 16-byte piece is loaded into the
+// 128-bit lane of its column / 4 (columns i, i + 4, i + 8, i + 12 in z[i]), then transposed 4 x 4
+// within each 128-bit lane by unpacks.
+inline void transpose_16(const uint8_t* const* cols, int64_t at, __m512i* t) {
+  __m512i z[4];
+  for (int i = 0; i < 4; ++i) {
+    const auto load = [&](int c) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(cols[c] + at)); };
+    z[i] = _mm512_inserti32x4(_mm512_castsi128_si512(load(i)), load(i + 4), 1);
+    z[i] = _mm512_inserti32x4(_mm512_inserti32x4(z[i], load(i + 8), 2), load(i + 12), 3);
+  }
+  const __m512i a = _mm512_unpacklo_epi32(z[0], z[1]), b = _mm512_unpacklo_epi32(z[2], z[3]);
+  const __m512i c = _mm512_unpackhi_epi32(z[0], z[1]), d = _mm512_unpackhi_epi32(z[2], z[3]);
+  t[0] = _mm512_unpacklo_epi64(a, b);
+  t[1] = _mm512_unpackhi_epi64(a, b);
+  t[2] = _mm512_unpacklo_epi64(c, d);
+  t[3] = _mm512_unpackhi_epi64(c, d);
+}
+
+inline void block_groups_16(const uint8_t* const* cols, bool q8, int64_t at, __m512i* wq) {
+  if (q8) {
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    transpose_16(cols, at, wq);
+    transpose_16(cols, at + 16, wq + 4);
+    for (int g = 0; g < 8; ++g) wq[g] = _mm512_xor_si512(wq[g], flip);
+  } else {  // low nibbles are quants 4g.., high nibbles 16 + 4g..
+    const __m512i nibbles = _mm512_set1_epi8(0x0f);
+    transpose_16(cols, at, wq);
+    for (int g = 0; g < 4; ++g) {
+      wq[g + 4] = _mm512_and_si512(_mm512_srli_epi32(wq[g], 4), nibbles);
+      wq[g] = _mm512_and_si512(wq[g], nibbles);
+    }
+  }
+}
+
+// The exact int32 block sums of 16 columns (wq: block_groups_16's) with one activation block x,
+// less `offset` (the unsigned weights' offset times the sum of x's quants). Two chains halve the
+// dependency on vpdpbusd's latency.
+inline __m512i dot_block_16(const __m512i* wq, const int8_t* x, int32_t offset) {
+  __m512i s0 = _mm512_set1_epi32(-offset), s1 = _mm512_setzero_si512();
+  for (int j = 0; j < 8; j += 2) {
+    s0 = _mm512_dpbusd_epi32(s0, wq[j], _mm512_set1_epi32(load_group(x + 4 * j)));
+    s1 = _mm512_dpbusd_epi32(s1, wq[j + 1], _mm512_set1_epi32(load_group(x + 4 * j + 4)));
+  }
+  return _mm512_add_epi32(s0, s1);
 }
 
 HWY_POP_ATTRIBUTES
