@@ -36,18 +36,11 @@ bool cpu_has_avx512_vnni();
 void gemm_avx2(const Activations& a, const Weights& w, float* y);
 // 16 columns a tile, vpdpbusd. Needs AVX-512 F/BW/VL and VNNI (cpu_has_avx512_vnni()).
 void gemm_vnni(const Activations& a, const Weights& w, float* y);
-// The same for products of a few rows (decoding, a small batch), the weights read where they lie
-// instead of packed: matmul_q_rows_x86.cc. gemm_avx2 and gemm_vnni hand over products of up to
-// few_rows_avx2 / few_rows_vnni rows; beyond them packing wins. Measured on 4096 x 4096 and
-// 4096 x 32768 weights (Zen 5 VM): VNNI's rows kernel transposes each block in registers, which
-// packing also does, without packing's stores and reloads; it ran 4-8 rows 5-30% faster than
-// packed (8 rows keep 16 accumulators in registers; more would spill). AVX2's
-// packed Q8_0 multiplies nibbles (pmaddubsw's unsigned side), twice the work, so its 3 and 4 rows
-// of Q8_0 are faster where they lie, while its Q4_0 rows past two (16 registers hold two rows'
-// products) are faster packed.
-constexpr int kMaxFewRowsVnni = 8, kMaxFewRowsAvx2 = 4;
-inline int64_t few_rows_vnni(quant::Format) { return kMaxFewRowsVnni; }
-inline int64_t few_rows_avx2(quant::Format f) { return f == quant::Format::q8_0 ? kMaxFewRowsAvx2 : 2; }
+// The same for products of up to kMaxFewRows rows (decoding, a small batch), the weights read
+// where they lie instead of packed: matmul_q_rows_x86.cc. Measured on 4096 x 4096 and 4096 x 32768
+// weights (Zen 5 VM), 1-8 rows there against packed: VNNI 5-30% faster, AVX2 5-25% (Q4_0 and Q8_0);
+// past 8 rows the accumulators outgrow the registers and packing each tile once pays.
+constexpr int64_t kMaxFewRows = 8;
 void rows_avx2(const Activations& a, const Weights& w, float* y);
 void rows_vnni(const Activations& a, const Weights& w, float* y);
 #endif

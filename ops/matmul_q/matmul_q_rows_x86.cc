@@ -49,7 +49,10 @@ void rows_tiled(const Activations& a, const Weights& w, float* y) {
         tile_columns<W>(w, t * W, b0, cols);
         copy_scales<W>(cols, bytes, kb, hs);
         K::scales(hs, kb, pd);
-        K::template dot<R>(cols, w.format, kb, pd, a, b0, acc, next);
+        if (w.format == quant::Format::q8_0)  // one loop per format: a run-time choice in it cost 4-6%
+          K::template dot<R, true>(cols, kb, pd, a, b0, acc, next);
+        else
+          K::template dot<R, false>(cols, kb, pd, a, b0, acc, next);
       }
       for (int r = 0; r < R; ++r)
         for (int64_t c = t * W; c < std::min(w.n, (t + 1) * W); ++c)
@@ -64,10 +67,10 @@ struct Vnni {
   static constexpr int64_t kCols = 16;
   static void scales(const uint16_t* hs, int64_t kb, double* pd) { scales_to_double_16(hs, kb, pd); }
 
-  template <int R>
-  static void dot(const uint8_t* const* cols, quant::Format format, int64_t kb, const double* pd,
-                  const Activations& a, int64_t b0, double* acc, NextTile& next) {
-    const bool q8 = format == quant::Format::q8_0;
+  template <int R, bool kQ8>
+  static void dot(const uint8_t* const* cols, int64_t kb, const double* pd, const Activations& a, int64_t b0,
+                  double* acc, NextTile& next) {
+    constexpr auto format = kQ8 ? quant::Format::q8_0 : quant::Format::q4_0;
     const int64_t bytes = quant::block_bytes(format);
     const int32_t offset = weight_offset(format);
     __m512d lo[R], hi[R];
@@ -78,7 +81,7 @@ struct Vnni {
     for (int64_t b = 0; b < kb; ++b) {
       next.touch();
       __m512i wq[8];
-      block_groups_16(cols, q8, b * bytes + 2, wq);
+      block_groups_16(cols, kQ8, b * bytes + 2, wq);
       const __m512d d_lo = _mm512_loadu_pd(pd + 16 * b), d_hi = _mm512_loadu_pd(pd + 16 * b + 8);
 #pragma GCC unroll 8  // lo and hi stay in registers only if every r is its own code
       for (int r = 0; r < R; ++r) {
@@ -96,10 +99,11 @@ struct Vnni {
 HWY_POP_ATTRIBUTES
 HWY_PUSH_ATTRIBUTES("avx2,fma,f16c")
 
-// pmaddubsw multiplies unsigned by signed bytes and adds pairs into int16 with saturation.
-// Q8_0 goes in as |w| (-128 included: 128 unsigned) times x carrying w's sign (x from opforge's
-// quantizer, |x| <= 127): pairs up to 2 * 128 * 127, no saturation. Q4_0's nibbles (<= 15)
-// times x stay far from it too; the offset 8 * sum(x) comes off afterwards.
+// Q4_0: transposed in registers as VNNI's (q4_groups_8, dot_block_q4_8). Q8_0: pmaddubsw multiplies
+// unsigned by signed bytes and adds pairs into int16 with saturation, so it goes in as |w| (-128
+// included: 128 unsigned) times x carrying w's sign (x from opforge's quantizer, |x| <= 127):
+// pairs up to 2 * 128 * 127, no saturation, but no room to add two groups' pairs in int16 either,
+// so a column's block stays in a vector as it is and the fold below sums its lanes.
 struct Avx2 {
   static constexpr int64_t kCols = 8;
   static void scales(const uint16_t* hs, int64_t kb, double* pd) { scales_to_double_8(hs, kb, pd); }
@@ -116,12 +120,23 @@ struct Avx2 {
     return _mm256_add_epi32(_mm256_permute2x128_si256(v[0], v[1], 0x20), _mm256_permute2x128_si256(v[0], v[1], 0x31));
   }
 
-  template <int R>
-  static void dot(const uint8_t* const* cols, quant::Format format, int64_t kb, const double* pd,
-                  const Activations& a, int64_t b0, double* acc, NextTile& next) {
-    const bool q8 = format == quant::Format::q8_0;
-    const int64_t bytes = quant::block_bytes(format);
-    const __m256i nibbles = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  // A block's 8 exact int32 column sums with activation block g.
+  static __m256i q4_sums(const __m256i* wq, const Activations& a, int64_t g) {
+    return dot_block_q4_8(wq, a.q + g * quant::kBlock, 8 * a.sum[g]);
+  }
+  static __m256i q8_sums(const __m256i* v, const Activations& a, int64_t g) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + g * quant::kBlock));
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s[8];
+    for (int c = 0; c < 8; ++c)
+      s[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v[c]), _mm256_sign_epi8(x, v[c])), ones);
+    return fold(s);
+  }
+
+  template <int R, bool kQ8>
+  static void dot(const uint8_t* const* cols, int64_t kb, const double* pd, const Activations& a, int64_t b0,
+                  double* acc, NextTile& next) {
+    const int64_t bytes = quant::block_bytes(kQ8 ? quant::Format::q8_0 : quant::Format::q4_0);
     __m256d lo[R], hi[R];
     for (int r = 0; r < R; ++r) {
       lo[r] = _mm256_loadu_pd(acc + 8 * r);
@@ -129,29 +144,17 @@ struct Avx2 {
     }
     for (int64_t b = 0; b < kb; ++b) {
       next.touch();
-      __m256i v[8];
-      for (int c = 0; c < 8; ++c) {
-        const uint8_t* p = cols[c] + b * bytes + 2;
-        if (q8) {
-          v[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-        } else {
-          const __m128i n = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-          v[c] = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(n), _mm_srli_epi16(n, 4), 1), nibbles);
-        }
+      __m256i v[8];  // Q4_0: q4_groups_8's groups; Q8_0: column c's 32 quants in v[c]
+      if constexpr (kQ8) {
+        for (int c = 0; c < 8; ++c) v[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cols[c] + b * bytes + 2));
+      } else {
+        q4_groups_8(cols, b * bytes + 2, v);
       }
       const __m256d d_lo = _mm256_loadu_pd(pd + 8 * b), d_hi = _mm256_loadu_pd(pd + 8 * b + 4);
+#pragma GCC unroll 8  // lo and hi stay in registers only if every r is its own code
       for (int r = 0; r < R; ++r) {
         const int64_t g = r * a.nb + b0 + b;
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + g * quant::kBlock));
-        __m256i s[8];
-        for (int c = 0; c < 8; ++c) {
-          const __m256i pairs = q8 ? _mm256_maddubs_epi16(_mm256_abs_epi8(v[c]), _mm256_sign_epi8(x, v[c]))
-                                   : _mm256_maddubs_epi16(v[c], x);
-          s[c] = _mm256_madd_epi16(pairs, ones);
-        }
-        __m256i sum = fold(s);
-        if (!q8) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(8 * a.sum[g]));
-        add_block_8(sum, d_lo, d_hi, a.d[g], lo[r], hi[r]);
+        add_block_8(kQ8 ? q8_sums(v, a, g) : q4_sums(v, a, g), d_lo, d_hi, a.d[g], lo[r], hi[r]);
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -163,20 +166,19 @@ struct Avx2 {
 
 HWY_POP_ATTRIBUTES
 
-// rows_tiled for R = a.m, 1 <= a.m <= kMaxRows (matmul_q.h: few_rows_avx2, few_rows_vnni choose
-// who comes here).
-template <class K, int kMaxRows, int R = 1>
+// rows_tiled for R = a.m, 1 <= a.m <= kMaxFewRows (matmul_q.h).
+template <class K, int R = 1>
 void rows(const Activations& a, const Weights& w, float* y) {
-  if constexpr (R < kMaxRows) {
-    if (a.m > R) return rows<K, kMaxRows, R + 1>(a, w, y);
+  if constexpr (R < kMaxFewRows) {
+    if (a.m > R) return rows<K, R + 1>(a, w, y);
   }
   rows_tiled<K, R>(a, w, y);
 }
 
 }  // namespace
 
-void rows_avx2(const Activations& a, const Weights& w, float* y) { rows<Avx2, kMaxFewRowsAvx2>(a, w, y); }
-void rows_vnni(const Activations& a, const Weights& w, float* y) { rows<Vnni, kMaxFewRowsVnni>(a, w, y); }
+void rows_avx2(const Activations& a, const Weights& w, float* y) { rows<Avx2>(a, w, y); }
+void rows_vnni(const Activations& a, const Weights& w, float* y) { rows<Vnni>(a, w, y); }
 
 }  // namespace opforge::matmul_q
 #endif

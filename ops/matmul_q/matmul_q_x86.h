@@ -1,5 +1,5 @@
 // Shared by matmul_q's x86 kernels: matmul_q_x86.cc (weight tiles packed once, shared by many
-// activation rows) and matmul_q_rows_x86.cc (one or two rows, weights read where they lie).
+// activation rows) and matmul_q_rows_x86.cc (a few rows, weights read where they lie).
 // Included only on x86.
 #pragma once
 
@@ -154,6 +154,45 @@ inline void add_block_8(__m256i sum, __m256d d_lo, __m256d d_hi, float dx, __m25
   const __m256d x = _mm256_set1_pd(static_cast<double>(dx));
   lo = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(sum)), _mm256_mul_pd(d_lo, x), lo);
   hi = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(sum, 1)), _mm256_mul_pd(d_hi, x), hi);
+}
+
+// t[g] lane c = bytes 4g..4g+3 of the 16 at cols[c] + at, for 8 columns: columns i and i + 4
+// loaded into register i, then transposed 4 x 4 within each 128-bit lane.
+inline void transpose_8(const uint8_t* const* cols, int64_t at, __m256i* t) {
+  __m256i z[4];
+  for (int i = 0; i < 4; ++i) {
+    const auto load = [&](int c) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(cols[c] + at)); };
+    z[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(load(i)), load(i + 4), 1);
+  }
+  const __m256i a = _mm256_unpacklo_epi32(z[0], z[1]), b = _mm256_unpacklo_epi32(z[2], z[3]);
+  const __m256i c = _mm256_unpackhi_epi32(z[0], z[1]), d = _mm256_unpackhi_epi32(z[2], z[3]);
+  t[0] = _mm256_unpacklo_epi64(a, b);
+  t[1] = _mm256_unpackhi_epi64(a, b);
+  t[2] = _mm256_unpacklo_epi64(c, d);
+  t[3] = _mm256_unpackhi_epi64(c, d);
+}
+
+// One Q4_0 block of 8 columns transposed for pmaddubsw: wq[g] lane c = the nibbles of column c's
+// quants 4g..4g+3 (wq[0..3]: the low nibbles, quants 0-15; wq[4..7]: the high ones, 16-31), each
+// value + 8, as stored.
+inline void q4_groups_8(const uint8_t* const* cols, int64_t at, __m256i* wq) {
+  const __m256i nibbles = _mm256_set1_epi8(0x0f);
+  transpose_8(cols, at, wq);
+  for (int g = 0; g < 4; ++g) {
+    wq[g + 4] = _mm256_and_si256(_mm256_srli_epi32(wq[g], 4), nibbles);
+    wq[g] = _mm256_and_si256(wq[g], nibbles);
+  }
+}
+
+// The exact int32 block sums of 8 Q4_0 columns (wq: q4_groups_8's) with one activation block x,
+// less `offset` (8 times the sum of x's quants). pmaddubsw's pairs of nibble times quant (at most
+// 2 * 15 * 127) are summed over the 8 groups in int16 (at most 30480: no saturation), then pairs
+// of those in int32.
+inline __m256i dot_block_q4_8(const __m256i* wq, const int8_t* x, int32_t offset) {
+  __m256i s16 = _mm256_setzero_si256();
+  for (int j = 0; j < 8; ++j)
+    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wq[j], _mm256_set1_epi32(load_group(x + 4 * j))));
+  return _mm256_sub_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), _mm256_set1_epi32(offset));
 }
 
 HWY_POP_ATTRIBUTES

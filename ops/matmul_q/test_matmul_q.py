@@ -12,10 +12,10 @@ BYTES = {"q8_0": 34, "q4_0": 18}
 QUANTIZE = {"q8_0": opforge.quantize_q8_0, "q4_0": opforge.quantize_q4_0}
 # (rows m, k, columns n): one row and 32; k of 1, 3, 33 (one past a 32-block chunk) and 128
 # blocks; odd n leaving partial tiles of 16 (VNNI) and 8 (AVX2) columns; 70 rows cross a
-# 64-row chunk and leave rows past the 4-row kernel. Up to eight rows take the unpacked kernels
-# with VNNI (each count its own instantiation: 1-8 below, 9 the first packed), one and two with
-# AVX2, and three and four of Q8_0. Several tiles per thread and a partial last one (n = 50, 70):
-# each tile prefetches the next one's weight rows.
+# 64-row chunk and leave rows past the packed kernel's 4-row step. Up to eight rows take the
+# unpacked kernels (each count its own instantiation: 1-8 below, 9 the first packed). Several
+# tiles per thread and a partial last one (n = 50, 70): each tile prefetches the next one's
+# weight rows.
 SHAPES = [(1, 32, 1), (1, 4096, 33), (2, 1056, 17), (2, 64, 40), (32, 4096, 17), (32, 96, 33), (7, 96, 17),
           (70, 64, 5), (3, 1056, 9), (3, 4096, 50), (4, 1056, 70), (5, 224, 70), (6, 1056, 50), (8, 4096, 33),
           (9, 96, 17)]
