@@ -89,11 +89,9 @@ inline void add_block_16(__m512i sum, __m512d d_lo, __m512d d_hi, float dx, __m5
 HWY_POP_ATTRIBUTES
 HWY_PUSH_ATTRIBUTES("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 
-// One block of 16 columns transposed for vpdpbusd: wq[g] lane c = quants 4g..4g+3 of column c's
-// block at cols[c] + at (its quants, past the scale), made unsigned (Q8_0: q ^ 0x80; Q4_0: the raw
-// nibbles, low ones in wq[0..3], high ones in wq[4..7]). Each 16-byte piece is loaded into the
-// 128-bit lane of its column / 4 (columns i, i + 4, i + 8, i + 12 in z[i]), then transposed 4 x 4
-// within each 128-bit lane by unpacks.
+// t[g] lane c = bytes 4g..4g+3 of the 16 at cols[c] + at, for 16 columns: each 16-byte piece is
+// loaded into the 128-bit lane of its column / 4 (columns i, i + 4, i + 8, i + 12 in z[i]), then
+// transposed 4 x 4 within each 128-bit lane by unpacks.
 inline void transpose_16(const uint8_t* const* cols, int64_t at, __m512i* t) {
   __m512i z[4];
   for (int i = 0; i < 4; ++i) {
@@ -109,13 +107,16 @@ inline void transpose_16(const uint8_t* const* cols, int64_t at, __m512i* t) {
   t[3] = _mm512_unpackhi_epi64(c, d);
 }
 
+// One block of 16 columns transposed for vpdpbusd: wq[g] lane c = quants 4g..4g+3 of column c's
+// block at cols[c] + at (its quants, past the scale), made unsigned (Q8_0: q ^ 0x80; Q4_0: the raw
+// nibbles, low ones in wq[0..3], high ones in wq[4..7]).
 inline void block_groups_16(const uint8_t* const* cols, bool q8, int64_t at, __m512i* wq) {
   if (q8) {
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     transpose_16(cols, at, wq);
     transpose_16(cols, at + 16, wq + 4);
     for (int g = 0; g < 8; ++g) wq[g] = _mm512_xor_si512(wq[g], flip);
-  } else {  // low nibbles are quants 4g.., high nibbles 16 + 4g..
+  } else {
     const __m512i nibbles = _mm512_set1_epi8(0x0f);
     transpose_16(cols, at, wq);
     for (int g = 0; g < 4; ++g) {
