@@ -32,7 +32,10 @@
 //   1 column, 256 threads, 32 ahead (16 for 2-byte elements) elsewhere; the sort and the index
 //   check around it are not timed here;
 // - matmul_q for one token (ops/matmul_q/matmul_q.cuh): one launch, the gemv quantizing the row
-//   itself (the op's way since 6e5da0d, untimed), and two, x quantized into a workspace first.
+//   itself (the op's way since 6e5da0d), and two, x quantized into a workspace first; each also
+//   with gemv_kernel's kLaneSums (added 2026-11-28, untimed): a run's terms summed in block
+//   order by one lane from shared memory instead of by every lane through 32 shuffles (ncu had
+//   the op's gemv at 61% of the SMs' throughput and 13-23% of HBM's).
 // The H200 run at db57f81 had the norms at 95-97% of the copy, 0.95-0.96x torch.compile's kernels,
 // silu/relu at 97-98%, 0.97-0.98x, scatter_add at 28% (the whole op), 0.58x, and a token's
 // matmul_q at 25.6 us in either format. This lab's first run (H200, 794c939,
@@ -485,18 +488,34 @@ bool run_matmul_q(int64_t n, int64_t k, int64_t l2_bytes, float copy_gbps, int r
   const bool own_fused = mq::fuses_row(1, nb);
   struct Way {
     std::string label;
-    bool fused;
+    bool fused, lane_sums;  // lane_sums: gemv_kernel's kLaneSums, launched here (the op does not yet)
     const void* kernel;
   };
   std::vector<Way> ways;
-  if (mq::fuses_row(1, nb)) ways.push_back({"one launch", true, reinterpret_cast<const void*>(mq::gemv_kernel<F, float, 1, true>)});
-  ways.push_back({"two launches", false, reinterpret_cast<const void*>(mq::gemv_kernel<F, float, 1, false>)});
+  if (mq::fuses_row(1, nb)) {
+    ways.push_back({"one launch", true, false, reinterpret_cast<const void*>(mq::gemv_kernel<F, float, 1, true>)});
+    ways.push_back({"one launch, a lane's sums", true, true,
+                    reinterpret_cast<const void*>(mq::gemv_kernel<F, float, 1, true, true>)});
+  }
+  ways.push_back({"two launches", false, false, reinterpret_cast<const void*>(mq::gemv_kernel<F, float, 1, false>)});
+  ways.push_back({"two launches, a lane's sums", false, true,
+                  reinterpret_cast<const void*>(mq::gemv_kernel<F, float, 1, false, true>)});
   std::vector<std::function<void(int)>> launches;
   std::vector<std::vector<float>> outputs;
   for (const Way& way : ways) {
-    const auto launch = [&, fused = way.fused](int s) {
+    const auto launch = [&, fused = way.fused, lane_sums = way.lane_sums](int s) {
       const mq::WeightView wv = mq::weight_view(w[s], nb * quant::block_bytes(F), 1, F, nb);
-      mq::launch_product<float>(y, x, walk, wv, fused ? mq::QuantizedX{} : xq, F, 1, n, nb, fused, stream);
+      if (!lane_sums) {
+        mq::launch_product<float>(y, x, walk, wv, fused ? mq::QuantizedX{} : xq, F, 1, n, nb, fused, stream);
+        return;
+      }
+      if (!fused) cuda::launch_quantize_blocks<quant::Format::q8_0>(mq::QuantizedXSink{xq}, x, walk, nb, stream);
+      const unsigned grid = cuda::blocks_for(n * 32, mq::kThreads);
+      const mq::RowOfX<float> row{x, walk};
+      if (fused)
+        mq::gemv_kernel<F, float, 1, true, true><<<grid, mq::kThreads, 0, stream>>>(y, mq::QuantizedX{}, row, wv, 1, n, nb);
+      else
+        mq::gemv_kernel<F, float, 1, false, true><<<grid, mq::kThreads, 0, stream>>>(y, xq, row, wv, 1, n, nb);
     };
     launch(0);
     check(cudaGetLastError(), way.label.c_str());
@@ -505,11 +524,14 @@ bool run_matmul_q(int64_t n, int64_t k, int64_t l2_bytes, float copy_gbps, int r
     launches.push_back(launch);
   }
   bool ok = true;
-  float diff = 0.0f;
-  for (int64_t c = 0; c < n; ++c) diff = std::max(diff, std::fabs(outputs.back()[c] - outputs.front()[c]));
-  if (!(diff == 0.0f)) {
-    std::fprintf(stderr, "schedules_cuda: matmul_q %s: one launch and two differ by %g\n", quant::format_name(F), diff);
-    ok = false;
+  std::vector<float> diffs(ways.size(), 0.0f);
+  for (size_t i = 1; i < ways.size(); ++i) {
+    for (int64_t c = 0; c < n; ++c) diffs[i] = std::max(diffs[i], std::fabs(outputs[i][c] - outputs[0][c]));
+    if (!(diffs[i] == 0.0f)) {
+      std::fprintf(stderr, "schedules_cuda: matmul_q %s: %s and %s differ by %g\n", quant::format_name(F),
+                   ways[i].label.c_str(), ways[0].label.c_str(), diffs[i]);
+      ok = false;
+    }
   }
   const std::vector<float> us = median_times(launches, sets, repeats, stream);
   const std::string op = std::string("matmul_q ") + quant::format_name(F) + " 1x" + std::to_string(k) + " @ " +
@@ -521,9 +543,9 @@ bool run_matmul_q(int64_t n, int64_t k, int64_t l2_bytes, float copy_gbps, int r
     int blocks = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, ways[i].kernel, mq::kThreads, 0), "occupancy");
     const float gbps = static_cast<float>(bytes / (us[i] * 1e3));
-    table.push_back({op, "float32", ways[i].label + (ways[i].fused == own_fused ? " (the op's)" : ""), mq::kThreads,
+    table.push_back({op, "float32", ways[i].label + (ways[i].fused == own_fused && !ways[i].lane_sums ? " (the op's)" : ""), mq::kThreads,
                      attr.numRegs, static_cast<int>(attr.localSizeBytes), blocks, us[i], gbps,
-                     100.0f * gbps / copy_gbps, us[0] / us[i], i ? diff : 0.0f});
+                     100.0f * gbps / copy_gbps, us[0] / us[i], diffs[i]});
   }
   for (uint8_t* p : w) cudaFree(p);
   cudaFree(x);

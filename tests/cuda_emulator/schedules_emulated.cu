@@ -236,7 +236,7 @@ namespace {
 
 // bench/schedules_cuda.cu's own code, a GPU program, run here at a toy size (the emulator's times
 // mean nothing): every schedule runs, its output agrees with its op's own (else it exits 1; one
-// token's matmul_q in one launch and in two: bit for bit), and each gets its table row and CSV
+// token's matmul_q in one launch and in two, summed either way: bit for bit), and each gets its table row and CSV
 // line, the ops' own first.
 TEST(Schedules, TheBenchmarkRunsEverySchedule) {
   std::string csv = ::testing::TempDir() + "schedules_cuda.csv";
@@ -292,10 +292,13 @@ TEST(Schedules, TheBenchmarkRunsEverySchedule) {
                        "2 columns do not fit) |"),
             std::string::npos)
       << table;
-  // matmul_q for one token, one launch (the op's) and two, in both formats.
+  // matmul_q for one token, one launch (the op's) and two, each with the shuffled sums (the op's)
+  // and a lane's, in both formats.
   for (const char* format : {"q4_0", "q8_0"})
-    EXPECT_EQ((per_op_dtype[std::string("matmul_q ") + format + " 1x512 @ 512x512^T,float32"]), 2) << format;
+    EXPECT_EQ((per_op_dtype[std::string("matmul_q ") + format + " 1x512 @ 512x512^T,float32"]), 4) << format;
   EXPECT_NE(table.find("| matmul_q q4_0 1x512 @ 512x512^T | float32 | one launch (the op's) |"), std::string::npos)
+      << table;
+  EXPECT_NE(table.find("| matmul_q q8_0 1x512 @ 512x512^T | float32 | two launches, a lane's sums |"), std::string::npos)
       << table;
   EXPECT_NE(table.find("| rms_norm | float32 | 4 packs plain (the op's) |"), std::string::npos) << table;
   EXPECT_NE(table.find("| silu | bfloat16 | 4 packs a grid apart, 256 threads, plain (the ops') |"), std::string::npos)
