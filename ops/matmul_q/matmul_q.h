@@ -34,6 +34,10 @@ void gemm_scalar(const Activations& a, const Weights& w, float* y);
 bool cpu_has_avx512_vnni();
 // 8 columns a tile, pmaddubsw. Needs AVX2, FMA, F16C.
 void gemm_avx2(const Activations& a, const Weights& w, float* y);
+bool cpu_has_avx_vnni();
+// 8 columns a tile, vpdpbusd on 256-bit registers: AVX-VNNI, which Intel's cores without AVX-512
+// have since Alder Lake. Needs that and AVX2, FMA, F16C (cpu_has_avx_vnni()).
+void gemm_avx_vnni(const Activations& a, const Weights& w, float* y);
 // 16 columns a tile, vpdpbusd. Needs AVX-512 F/BW/VL and VNNI (cpu_has_avx512_vnni()).
 void gemm_vnni(const Activations& a, const Weights& w, float* y);
 // The same for products of up to kMaxFewRows rows (decoding, a small batch), the weights read
@@ -43,6 +47,7 @@ void gemm_vnni(const Activations& a, const Weights& w, float* y);
 constexpr int64_t kMaxFewRows = 8;
 void rows_avx2(const Activations& a, const Weights& w, float* y);
 void rows_vnni(const Activations& a, const Weights& w, float* y);
+void rows_avx_vnni(const Activations& a, const Weights& w, float* y);
 #endif
 
 }  // namespace opforge::matmul_q

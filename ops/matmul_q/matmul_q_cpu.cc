@@ -1,8 +1,10 @@
 // matmul_q on the CPU. Per Highway target: quantize the activations to Q8_0 with the shared
 // block quantizer (the bytes quantize_q8_0 writes), then hand the integer products to the
-// path this target stands for: AVX3 -> VNNI (AVX2 code where the CPU lacks VNNI), AVX2 ->
-// pmaddubsw, anything else -> the portable scalar loop. Pinning a SIMD target (OPFORGE_SIMD,
-// opforge.set_simd_target) therefore pins the path, and the tests run every one.
+// path this target stands for: AVX3 -> AVX-512 VNNI (the AVX2 target's code where the CPU lacks
+// it), AVX2 -> AVX-VNNI's 256-bit vpdpbusd where the CPU has it, pmaddubsw elsewhere, anything
+// else -> the portable scalar loop. Pinning a SIMD target (OPFORGE_SIMD, opforge.set_simd_target)
+// therefore pins the path, and the Python tests run every one this CPU has but pmaddubsw where
+// AVX-VNNI takes its place; tests/cpp/test_matmul_q_paths.cc calls every x86 path itself.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/matmul_q/matmul_q_cpu.cc"
 #include <hwy/foreach_target.h>  // re-includes this file once per target
@@ -77,9 +79,9 @@ void Typed(const KernelCall& call) {
   if (cpu_has_avx512_vnni())
     gemm_vnni(a, weights, y);
   else
-    gemm_avx2(a, weights, y);
+    cpu_has_avx_vnni() ? gemm_avx_vnni(a, weights, y) : gemm_avx2(a, weights, y);
 #elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
-  gemm_avx2(a, weights, y);
+  cpu_has_avx_vnni() ? gemm_avx_vnni(a, weights, y) : gemm_avx2(a, weights, y);
 #else
   gemm_scalar(a, weights, y);
 #endif

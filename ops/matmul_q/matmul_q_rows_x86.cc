@@ -199,6 +199,43 @@ struct Avx2 {
 };
 
 HWY_POP_ATTRIBUTES
+HWY_PUSH_ATTRIBUTES("avx2,fma,f16c,avxvnni")
+
+// Vnni's transposed blocks on 256-bit registers (AVX-VNNI): 8 columns a tile, both formats alike.
+struct AvxVnni {
+  static constexpr int64_t kCols = 8;
+  static void scales(const uint16_t* hs, int64_t kb, double* pd) { scales_to_double_8(hs, kb, pd); }
+
+  template <int R, bool kQ8>
+  static void dot(const uint8_t* const* cols, int64_t kb, const double* pd, const Activations& a, int64_t b0,
+                  double* acc, NextTile& next) {
+    constexpr auto format = kQ8 ? quant::Format::q8_0 : quant::Format::q4_0;
+    const int64_t bytes = quant::block_bytes(format);
+    const int32_t offset = weight_offset(format);
+    __m256d lo[R], hi[R];
+    for (int r = 0; r < R; ++r) {
+      lo[r] = _mm256_loadu_pd(acc + 8 * r);
+      hi[r] = _mm256_loadu_pd(acc + 8 * r + 4);
+    }
+    for (int64_t b = 0; b < kb; ++b) {
+      next.touch();
+      __m256i wq[8];
+      block_groups_8(cols, kQ8, b * bytes + 2, wq);
+      const __m256d d_lo = _mm256_loadu_pd(pd + 8 * b), d_hi = _mm256_loadu_pd(pd + 8 * b + 4);
+#pragma GCC unroll 8  // lo and hi stay in registers only if every r is its own code
+      for (int r = 0; r < R; ++r) {
+        const int64_t g = r * a.nb + b0 + b;
+        add_block_8(dot_block_8<1>(wq, a.q + g * quant::kBlock, offset * a.sum[g]), d_lo, d_hi, a.d[g], lo[r], hi[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm256_storeu_pd(acc + 8 * r, lo[r]);
+      _mm256_storeu_pd(acc + 8 * r + 4, hi[r]);
+    }
+  }
+};
+
+HWY_POP_ATTRIBUTES
 
 // rows_tiled for R = a.m, 1 <= a.m <= kMaxFewRows (matmul_q.h).
 template <class K, int R = 1>
@@ -213,6 +250,7 @@ void rows(const Activations& a, const Weights& w, float* y) {
 
 void rows_avx2(const Activations& a, const Weights& w, float* y) { rows<Avx2>(a, w, y); }
 void rows_vnni(const Activations& a, const Weights& w, float* y) { rows<Vnni>(a, w, y); }
+void rows_avx_vnni(const Activations& a, const Weights& w, float* y) { rows<AvxVnni>(a, w, y); }
 
 }  // namespace opforge::matmul_q
 #endif
