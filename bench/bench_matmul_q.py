@@ -8,9 +8,11 @@ prompt): median time of each, GFLOP/s (2 m n k flops), weight GB/s (bytes of the
 side reads it, also as a fraction of the memory's read bandwidth measured in the same rounds)
 and the ratios their time / opforge's (> 1: opforge faster). Then the quantizers
 and dequantize on the same matrix against ggml's (bench/results/quantizers_vs_ggml_cpu.csv). opforge runs once
-per pinned SIMD target (AVX3: the VNNI kernels, AVX2: pmaddubsw). ggml is the library
-opforge.ggml_cpu finds (pywhispercpp's wheel: ggml 0.13 built for AVX2, so the AVX2 lines
-compare like with like; OPFORGE_GGML_LIB_DIR=<dir> to time a build of your own) on the same
+per pinned SIMD target (AVX3: the AVX-512 VNNI kernels; AVX2: AVX-VNNI's 256-bit ones where the
+CPU has them, as Intel's cores since Alder Lake and Zen 5 do, else pmaddubsw; the script says
+which). ggml is the library opforge.ggml_cpu finds (pywhispercpp's wheel: ggml 0.13 built for
+AVX2, so the AVX2 lines compare like with like where they run pmaddubsw;
+OPFORGE_GGML_LIB_DIR=<dir> to time a build of your own) on the same
 number of threads, its graph built once as llama.cpp does. Every implementation is timed
 `--rounds` times, interleaved; medians over rounds. Writes bench/results/matmul_q_cpu.csv
 and .png (`--results NAME`: NAME.csv and .png). The default weight (4096 x 4096: 9-18 MB) stays
@@ -29,6 +31,15 @@ import opforge
 from opforge import ggml_cpu
 
 QUANTIZE = {"q4_0": opforge.quantize_q4_0, "q8_0": opforge.quantize_q8_0}
+
+
+def avx_vnni():
+    """Whether this CPU has AVX-VNNI (Linux's flag), which opforge's AVX2 target then uses."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx_vnni" in line for line in f)
+    except OSError:
+        return False
 
 
 def main():
@@ -51,6 +62,7 @@ def main():
     print(f"{common.machine()}; opforge {opforge.__version__} ({opforge.simd_target()}), torch {torch.__version__}, "
           f"{threads} threads each; weight {n} x {k}")
     print(f"ggml: {ggml.path} ({', '.join(ggml.features) or 'no AVX2'})" if ggml else "ggml: not found (pip install pywhispercpp)")
+    print(f"opforge's AVX2 target runs {'AVX-VNNI' if avx_vnni() else 'pmaddubsw'} here")
     cases = []  # (format, rows, weight bytes, {name: callable})
     for fmt, quantize in QUANTIZE.items():
         w = quantize(rng.standard_normal((n, k)).astype(np.float32))
