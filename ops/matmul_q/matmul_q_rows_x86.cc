@@ -199,6 +199,7 @@ struct Avx2 {
 };
 
 HWY_POP_ATTRIBUTES
+#ifdef OPFORGE_MATMUL_Q_AVX_VNNI
 HWY_PUSH_ATTRIBUTES("avx2,fma,f16c,avxvnni")
 
 // Vnni's transposed blocks on 256-bit registers (AVX-VNNI): 8 columns a tile, both formats alike.
@@ -236,6 +237,7 @@ struct AvxVnni {
 };
 
 HWY_POP_ATTRIBUTES
+#endif
 
 // rows_tiled for R = a.m, 1 <= a.m <= kMaxFewRows (matmul_q.h).
 template <class K, int R = 1>
@@ -250,7 +252,9 @@ void rows(const Activations& a, const Weights& w, float* y) {
 
 void rows_avx2(const Activations& a, const Weights& w, float* y) { rows<Avx2>(a, w, y); }
 void rows_vnni(const Activations& a, const Weights& w, float* y) { rows<Vnni>(a, w, y); }
+#ifdef OPFORGE_MATMUL_Q_AVX_VNNI
 void rows_avx_vnni(const Activations& a, const Weights& w, float* y) { rows<AvxVnni>(a, w, y); }
+#endif
 
 }  // namespace opforge::matmul_q
 #endif

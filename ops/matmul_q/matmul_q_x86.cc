@@ -184,6 +184,7 @@ struct Avx2 {
 };
 
 HWY_POP_ATTRIBUTES
+#ifdef OPFORGE_MATMUL_Q_AVX_VNNI
 HWY_PUSH_ATTRIBUTES("avx2,fma,f16c,avxvnni")
 
 // Vnni's packing and products on 256-bit registers (AVX-VNNI): 8 columns a tile.
@@ -229,6 +230,7 @@ struct AvxVnni {
 };
 
 HWY_POP_ATTRIBUTES
+#endif
 
 }  // namespace
 
@@ -241,6 +243,7 @@ bool cpu_has_avx512_vnni() {
 void gemm_avx2(const Activations& a, const Weights& w, float* y) {
   a.m <= kMaxFewRows ? rows_avx2(a, w, y) : gemm_tiled<Avx2>(a, w, y);
 }
+#ifdef OPFORGE_MATMUL_Q_AVX_VNNI
 bool cpu_has_avx_vnni() {
   static const bool has = __builtin_cpu_supports("avxvnni") && __builtin_cpu_supports("avx2") &&
                           __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
@@ -250,6 +253,10 @@ bool cpu_has_avx_vnni() {
 void gemm_avx_vnni(const Activations& a, const Weights& w, float* y) {
   a.m <= kMaxFewRows ? rows_avx_vnni(a, w, y) : gemm_tiled<AvxVnni>(a, w, y);
 }
+#else
+bool cpu_has_avx_vnni() { return false; }
+void gemm_avx_vnni(const Activations& a, const Weights& w, float* y) { gemm_avx2(a, w, y); }
+#endif
 void gemm_vnni(const Activations& a, const Weights& w, float* y) {
   a.m <= kMaxFewRows ? rows_vnni(a, w, y) : gemm_tiled<Vnni>(a, w, y);
 }

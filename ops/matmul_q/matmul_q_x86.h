@@ -198,6 +198,10 @@ inline __m256i dot_block_q4_8(const __m256i* wq, const int8_t* x, int32_t offset
 
 HWY_POP_ATTRIBUTES
 
+// Compilers before GCC 11 and clang 12 have no AVX-VNNI intrinsics: then the AVX2 target keeps
+// pmaddubsw (cpu_has_avx_vnni() says no).
+#if __has_include(<avxvnniintrin.h>)
+#define OPFORGE_MATMUL_Q_AVX_VNNI 1
 HWY_PUSH_ATTRIBUTES("avx2,fma,f16c,avxvnni")
 
 // AVX-VNNI (vpdpbusd on 256-bit registers, without AVX-512: Intel's cores since Alder Lake): one
@@ -226,5 +230,6 @@ inline __m256i dot_block_8(const __m256i* wq, const int8_t* x, int32_t offset) {
 }
 
 HWY_POP_ATTRIBUTES
+#endif  // AVX-VNNI intrinsics
 
 }  // namespace opforge::matmul_q::x86
