@@ -34,8 +34,9 @@
 // - matmul_q for one token (ops/matmul_q/matmul_q.cuh): one launch, the gemv quantizing the row
 //   itself (the op's way since 6e5da0d), and two, x quantized into a workspace first; each also
 //   with gemv_kernel's kLaneSums (added 2026-11-28, untimed): a run's terms summed in block
-//   order by one lane from shared memory instead of by every lane through 32 shuffles (ncu had
-//   the op's gemv at 61% of the SMs' throughput and 13-23% of HBM's).
+//   order by one lane per row from shared memory instead of by every lane through 32 shuffles
+//   (ncu had the op's gemv at 61% of the SMs' throughput and 13-23% of HBM's); and 8 rows (the
+//   gemv's most), two launches, either way of summing.
 // The H200 run at db57f81 had the norms at 95-97% of the copy, 0.95-0.96x torch.compile's kernels,
 // silu/relu at 97-98%, 0.97-0.98x, scatter_add at 28% (the whole op), 0.58x, and a token's
 // matmul_q at 25.6 us in either format. This lab's first run (H200, 794c939,
@@ -451,12 +452,15 @@ bool run(const char* dtype, int64_t rows, int64_t n, int sets, float copy_gbps, 
   return ok;
 }
 
-// matmul_q for one token (1 x k activations, n x k weights in format F, float32): in one launch,
-// the gemv quantizing x itself (the op's way where matmul_q_cuda::fuses_row), and in two, x
-// quantized into a workspace first. Both must give the same bits (the CPU's). Weights rotated
-// past three times the L2 (10-20 MB each at k = n = 4096). Returns false if the outputs differ.
+// matmul_q's gemv for m <= kGemvRows rows (m x k activations, n x k weights in format F, float32):
+// for one token in one launch, the gemv quantizing x itself (the op's way where
+// matmul_q_cuda::fuses_row), and in two, x quantized into a workspace first (the op's way for more
+// rows); each with the op's shuffled sums and with kLaneSums. All must give the same bits (the
+// CPU's). Weights rotated past three times the L2 (10-20 MB each at k = n = 4096). Returns false
+// if the outputs differ.
 template <quant::Format F>
-bool run_matmul_q(int64_t n, int64_t k, int64_t l2_bytes, float copy_gbps, int repeats, std::vector<Row>& table) {
+bool run_matmul_q(int64_t m, int64_t n, int64_t k, int64_t l2_bytes, float copy_gbps, int repeats,
+                  std::vector<Row>& table) {
   namespace mq = matmul_q_cuda;
   const int64_t nb = k / quant::kBlock, w_bytes = n * nb * quant::block_bytes(F);
   // Random quants, scales of 1e-3 to 1e-1 (fp16), on the host once, then copies on the device.
@@ -474,69 +478,76 @@ bool run_matmul_q(int64_t n, int64_t k, int64_t l2_bytes, float copy_gbps, int r
     check(cudaMalloc(&p, w_bytes), "cudaMalloc");
     check(cudaMemcpy(p, host.data(), w_bytes, cudaMemcpyHostToDevice), "weights");
   }
-  float* x = device_array<float>(k, 3);
+  float* x = device_array<float>(m * k, 3);
   float *y = nullptr, *workspace = nullptr;
-  check(cudaMalloc(&y, n * sizeof(float)), "cudaMalloc");
-  check(cudaMalloc(&workspace, mq::quantized_x_bytes(nb)), "cudaMalloc");
+  check(cudaMalloc(&y, m * n * sizeof(float)), "cudaMalloc");
+  check(cudaMalloc(&workspace, mq::quantized_x_bytes(m * nb)), "cudaMalloc");
   check(cudaDeviceSynchronize(), "fill");
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   cuda::BlockWalk walk;
   walk.nb = nb;
   walk.packed = cuda::aligned16(x);
-  const mq::QuantizedX xq = mq::quantized_x_at(workspace, nb);
-  const bool own_fused = mq::fuses_row(1, nb);
+  const mq::QuantizedX xq = mq::quantized_x_at(workspace, m * nb);
+  const bool own_fused = mq::fuses_row(m, nb);
+  constexpr int R = mq::kGemvRows;
   struct Way {
     std::string label;
     bool fused, lane_sums;  // lane_sums: gemv_kernel's kLaneSums, launched here (the op does not yet)
     const void* kernel;
   };
   std::vector<Way> ways;
-  if (mq::fuses_row(1, nb)) {
+  if (own_fused) {
     ways.push_back({"one launch", true, false, reinterpret_cast<const void*>(mq::gemv_kernel<F, float, 1, true>)});
     ways.push_back({"one launch, a lane's sums", true, true,
                     reinterpret_cast<const void*>(mq::gemv_kernel<F, float, 1, true, true>)});
   }
-  ways.push_back({"two launches", false, false, reinterpret_cast<const void*>(mq::gemv_kernel<F, float, 1, false>)});
+  ways.push_back({"two launches", false, false,
+                  m == 1 ? reinterpret_cast<const void*>(mq::gemv_kernel<F, float, 1, false>)
+                         : reinterpret_cast<const void*>(mq::gemv_kernel<F, float, R, false>)});
   ways.push_back({"two launches, a lane's sums", false, true,
-                  reinterpret_cast<const void*>(mq::gemv_kernel<F, float, 1, false, true>)});
+                  m == 1 ? reinterpret_cast<const void*>(mq::gemv_kernel<F, float, 1, false, true>)
+                         : reinterpret_cast<const void*>(mq::gemv_kernel<F, float, R, false, true>)});
   std::vector<std::function<void(int)>> launches;
   std::vector<std::vector<float>> outputs;
   for (const Way& way : ways) {
     const auto launch = [&, fused = way.fused, lane_sums = way.lane_sums](int s) {
       const mq::WeightView wv = mq::weight_view(w[s], nb * quant::block_bytes(F), 1, F, nb);
       if (!lane_sums) {
-        mq::launch_product<float>(y, x, walk, wv, fused ? mq::QuantizedX{} : xq, F, 1, n, nb, fused, stream);
+        mq::launch_product<float>(y, x, walk, wv, fused ? mq::QuantizedX{} : xq, F, m, n, nb, fused, stream);
         return;
       }
-      if (!fused) cuda::launch_quantize_blocks<quant::Format::q8_0>(mq::QuantizedXSink{xq}, x, walk, nb, stream);
+      if (!fused) cuda::launch_quantize_blocks<quant::Format::q8_0>(mq::QuantizedXSink{xq}, x, walk, m * nb, stream);
       const unsigned grid = cuda::blocks_for(n * 32, mq::kThreads);
       const mq::RowOfX<float> row{x, walk};
       if (fused)
         mq::gemv_kernel<F, float, 1, true, true><<<grid, mq::kThreads, 0, stream>>>(y, mq::QuantizedX{}, row, wv, 1, n, nb);
-      else
+      else if (m == 1)
         mq::gemv_kernel<F, float, 1, false, true><<<grid, mq::kThreads, 0, stream>>>(y, xq, row, wv, 1, n, nb);
+      else
+        mq::gemv_kernel<F, float, R, false, true><<<grid, mq::kThreads, 0, stream>>>(y, xq, row, wv, int(m), n, nb);
     };
     launch(0);
     check(cudaGetLastError(), way.label.c_str());
     check(cudaStreamSynchronize(stream), way.label.c_str());
-    outputs.push_back(to_host(y, n));
+    outputs.push_back(to_host(y, m * n));
     launches.push_back(launch);
   }
   bool ok = true;
   std::vector<float> diffs(ways.size(), 0.0f);
   for (size_t i = 1; i < ways.size(); ++i) {
-    for (int64_t c = 0; c < n; ++c) diffs[i] = std::max(diffs[i], std::fabs(outputs[i][c] - outputs[0][c]));
+    for (int64_t c = 0; c < m * n; ++c) diffs[i] = std::max(diffs[i], std::fabs(outputs[i][c] - outputs[0][c]));
     if (!(diffs[i] == 0.0f)) {
-      std::fprintf(stderr, "schedules_cuda: matmul_q %s: %s and %s differ by %g\n", quant::format_name(F),
-                   ways[i].label.c_str(), ways[0].label.c_str(), diffs[i]);
+      std::fprintf(stderr, "schedules_cuda: matmul_q %s, %lld rows: %s and %s differ by %g\n", quant::format_name(F),
+                   static_cast<long long>(m), ways[i].label.c_str(), ways[0].label.c_str(), diffs[i]);
       ok = false;
     }
   }
   const std::vector<float> us = median_times(launches, sets, repeats, stream);
-  const std::string op = std::string("matmul_q ") + quant::format_name(F) + " 1x" + std::to_string(k) + " @ " +
+  const std::string op = std::string("matmul_q ") + quant::format_name(F) + " " + std::to_string(m) + "x" +
+                         std::to_string(k) + " @ " +
                          std::to_string(n) + "x" + std::to_string(k) + "^T";
-  const double bytes = double(w_bytes) + 4.0 * (k + n);
+  const double bytes = double(w_bytes) + 4.0 * m * (k + n);
   for (size_t i = 0; i < ways.size(); ++i) {
     cudaFuncAttributes attr{};
     check(cudaFuncGetAttributes(&attr, ways[i].kernel), "attributes");
@@ -713,8 +724,10 @@ int schedules_cuda_main(int argc, char** argv) {
   ok = run<__nv_bfloat16>("bfloat16", rows, n, sets, copy, repeats, table) && ok;
   ok = run_scatter_add<float>("float32", rows, n, 16, sets, copy, repeats, table) && ok;
   ok = run_scatter_add<__nv_bfloat16>("bfloat16", rows, n, 16, sets, copy, repeats, table) && ok;
-  ok = run_matmul_q<quant::Format::q4_0>(n, n, prop.l2CacheSize, copy, repeats, table) && ok;
-  ok = run_matmul_q<quant::Format::q8_0>(n, n, prop.l2CacheSize, copy, repeats, table) && ok;
+  for (const int64_t m : {int64_t{1}, int64_t{matmul_q_cuda::kGemvRows}}) {  // a token; a batch of the gemv's most
+    ok = run_matmul_q<quant::Format::q4_0>(m, n, n, prop.l2CacheSize, copy, repeats, table) && ok;
+    ok = run_matmul_q<quant::Format::q8_0>(m, n, n, prop.l2CacheSize, copy, repeats, table) && ok;
+  }
 
   std::printf("\n| op | dtype | schedule | threads | registers | local bytes | blocks/SM | us | GB/s | %% of copy |"
               " vs the op's own | max diff |\n");

@@ -293,9 +293,13 @@ TEST(Schedules, TheBenchmarkRunsEverySchedule) {
             std::string::npos)
       << table;
   // matmul_q for one token, one launch (the op's) and two, each with the shuffled sums (the op's)
-  // and a lane's, in both formats.
-  for (const char* format : {"q4_0", "q8_0"})
+  // and a lane's; for 8 rows two launches either way; in both formats.
+  for (const char* format : {"q4_0", "q8_0"}) {
     EXPECT_EQ((per_op_dtype[std::string("matmul_q ") + format + " 1x512 @ 512x512^T,float32"]), 4) << format;
+    EXPECT_EQ((per_op_dtype[std::string("matmul_q ") + format + " 8x512 @ 512x512^T,float32"]), 2) << format;
+  }
+  EXPECT_NE(table.find("| matmul_q q4_0 8x512 @ 512x512^T | float32 | two launches (the op's) |"), std::string::npos)
+      << table;
   EXPECT_NE(table.find("| matmul_q q4_0 1x512 @ 512x512^T | float32 | one launch (the op's) |"), std::string::npos)
       << table;
   EXPECT_NE(table.find("| matmul_q q8_0 1x512 @ 512x512^T | float32 | two launches, a lane's sums |"), std::string::npos)
