@@ -1,13 +1,14 @@
 // matmul_q's x86 kernels for one to eight activation rows (decoding a token, a small batch;
 // matmul_q.h says how many each kernel takes): each weight byte meets a few rows, so repacking
 // tiles once into a buffer as matmul_q_x86.cc does costs more than it saves. Here a tile's
-// columns are read where they lie, one block at a time.
-// - VNNI: a block of 16 columns is transposed in registers into the layout that packing writes
-//   (one column per 32-bit lane, 4 quants of a group in it), and each row's exact int32 block sums
-//   come from 8 vpdpbusd with the row's 4 quants of each group broadcast.
-// - AVX2: a column's block goes into a vector as it is (Q8_0: its 32 quants; Q4_0: its 16 bytes,
-//   low nibbles beside high), pmaddubsw and pmaddwd leave partial sums in 32-bit lanes, and a tree
-//   of unpacks and adds folds each column's partials into a lane of its own.
+// columns are read where they lie, one block at a time, and mostly transposed in registers into
+// the layout that packing writes (one column per 32-bit lane, 4 quants of a group in it): each
+// row's exact int32 block sums then come from 8 dot product instructions with the row's 4 quants
+// of each group broadcast (AVX-512 VNNI: 16 columns; AVX-VNNI: 8; AVX2: pmaddubsw, Q4_0 only).
+// The rest keep a column's block in a vector as it is, and a tree of unpacks and adds folds each
+// column's partial sums into a lane of its own: AVX2's Q8_0 (pmaddubsw would saturate on its
+// unsigned bytes, so it multiplies |w| by x with w's sign, and cannot add two groups' pairs in
+// int16), and AVX-512's Q8_0 for one or two rows (fewer instructions there than two transposes).
 // Either way the sums are the exact int32 block sums that the packed kernels and the scalar
 // reference compute, scaled and summed in double in block order as they do, so every path gives
 // the same bits.
@@ -102,16 +103,20 @@ struct Vnni {
       if constexpr (kQ8 && R <= 2) {  // whole blocks, summed by fold()
         __m512i v[8];
         for (int i = 0; i < 8; ++i) {
-          const auto load = [&](int c) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cols[c] + b * bytes + 2)); };
+          const auto load = [&](int c) {
+            return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cols[c] + b * bytes + 2));
+          };
           v[i] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(load(pair(i))), load(pair(i) + 4), 1),
                                   _mm512_set1_epi8(static_cast<char>(0x80)));
         }
         for (int r = 0; r < R; ++r) {
           const int64_t g = r * a.nb + b0 + b;
-          const __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + g * quant::kBlock)));
+          const __m512i x =
+              _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + g * quant::kBlock)));
           __m512i s[8];
           for (int i = 0; i < 8; ++i) s[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[i], x);
-          add_block_16(_mm512_sub_epi32(fold(s), _mm512_set1_epi32(offset * a.sum[g])), d_lo, d_hi, a.d[g], lo[r], hi[r]);
+          const __m512i sums = _mm512_sub_epi32(fold(s), _mm512_set1_epi32(offset * a.sum[g]));
+          add_block_16(sums, d_lo, d_hi, a.d[g], lo[r], hi[r]);
         }
         continue;
       }
