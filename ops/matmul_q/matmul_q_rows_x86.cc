@@ -92,6 +92,19 @@ struct Vnni {
     constexpr auto format = kQ8 ? quant::Format::q8_0 : quant::Format::q4_0;
     const int64_t bytes = quant::block_bytes(format);
     const int32_t offset = weight_offset(format);
+    if constexpr (kQ8 && R <= 2) return dot_folded<R>(cols, kb, pd, a, b0, acc, next);
+    const auto groups = [&](int64_t b, __m512i* wq) {
+      next.touch();
+      block_groups_16(cols, kQ8, b * bytes + 2, wq);
+    };
+    sum_blocks_16<R>(groups, kb, pd, a, 0, b0, offset, acc);
+  }
+
+  template <int R>
+  static void dot_folded(const uint8_t* const* cols, int64_t kb, const double* pd, const Activations& a, int64_t b0,
+                         double* acc, NextTile& next) {
+    const int64_t bytes = quant::block_bytes(quant::Format::q8_0);
+    const int32_t offset = weight_offset(quant::Format::q8_0);
     __m512d lo[R], hi[R];
     for (int r = 0; r < R; ++r) {
       lo[r] = _mm512_loadu_pd(acc + 16 * r);
@@ -100,32 +113,22 @@ struct Vnni {
     for (int64_t b = 0; b < kb; ++b) {
       next.touch();
       const __m512d d_lo = _mm512_loadu_pd(pd + 16 * b), d_hi = _mm512_loadu_pd(pd + 16 * b + 8);
-      if constexpr (kQ8 && R <= 2) {  // whole blocks, summed by fold()
-        __m512i v[8];
-        for (int i = 0; i < 8; ++i) {
-          const auto load = [&](int c) {
-            return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cols[c] + b * bytes + 2));
-          };
-          v[i] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(load(pair(i))), load(pair(i) + 4), 1),
-                                  _mm512_set1_epi8(static_cast<char>(0x80)));
-        }
-        for (int r = 0; r < R; ++r) {
-          const int64_t g = r * a.nb + b0 + b;
-          const __m512i x =
-              _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + g * quant::kBlock)));
-          __m512i s[8];
-          for (int i = 0; i < 8; ++i) s[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[i], x);
-          const __m512i sums = _mm512_sub_epi32(fold(s), _mm512_set1_epi32(offset * a.sum[g]));
-          add_block_16(sums, d_lo, d_hi, a.d[g], lo[r], hi[r]);
-        }
-        continue;
+      __m512i v[8];
+      for (int i = 0; i < 8; ++i) {
+        const auto load = [&](int c) {
+          return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cols[c] + b * bytes + 2));
+        };
+        v[i] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(load(pair(i))), load(pair(i) + 4), 1),
+                                _mm512_set1_epi8(static_cast<char>(0x80)));
       }
-      __m512i wq[8];
-      block_groups_16(cols, kQ8, b * bytes + 2, wq);
-#pragma GCC unroll 8  // lo and hi stay in registers only if every r is its own code
       for (int r = 0; r < R; ++r) {
         const int64_t g = r * a.nb + b0 + b;
-        add_block_16(dot_block_16(wq, a.q + g * quant::kBlock, offset * a.sum[g]), d_lo, d_hi, a.d[g], lo[r], hi[r]);
+        const __m512i x =
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + g * quant::kBlock)));
+        __m512i s[8];
+        for (int i = 0; i < 8; ++i) s[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[i], x);
+        const __m512i sums = _mm512_sub_epi32(fold(s), _mm512_set1_epi32(offset * a.sum[g]));
+        add_block_16(sums, d_lo, d_hi, a.d[g], lo[r], hi[r]);
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -217,27 +220,11 @@ struct AvxVnni {
                   double* acc, NextTile& next) {
     constexpr auto format = kQ8 ? quant::Format::q8_0 : quant::Format::q4_0;
     const int64_t bytes = quant::block_bytes(format);
-    const int32_t offset = weight_offset(format);
-    __m256d lo[R], hi[R];
-    for (int r = 0; r < R; ++r) {
-      lo[r] = _mm256_loadu_pd(acc + 8 * r);
-      hi[r] = _mm256_loadu_pd(acc + 8 * r + 4);
-    }
-    for (int64_t b = 0; b < kb; ++b) {
+    const auto groups = [&](int64_t b, __m256i* wq) {
       next.touch();
-      __m256i wq[8];
       block_groups_8(cols, kQ8, b * bytes + 2, wq);
-      const __m256d d_lo = _mm256_loadu_pd(pd + 8 * b), d_hi = _mm256_loadu_pd(pd + 8 * b + 4);
-#pragma GCC unroll 8  // lo and hi stay in registers only if every r is its own code
-      for (int r = 0; r < R; ++r) {
-        const int64_t g = r * a.nb + b0 + b;
-        add_block_8(dot_block_8<1>(wq, a.q + g * quant::kBlock, offset * a.sum[g]), d_lo, d_hi, a.d[g], lo[r], hi[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      _mm256_storeu_pd(acc + 8 * r, lo[r]);
-      _mm256_storeu_pd(acc + 8 * r + 4, hi[r]);
-    }
+    };
+    sum_blocks_8<R, 1>(groups, kb, pd, a, 0, b0, weight_offset(format), acc);
   }
 };
 

@@ -84,25 +84,11 @@ struct Vnni {
   // acc[i][0..15] += the next kb blocks of rows r0 .. r0 + R - 1 against the packed tile.
   template <int R>
   static void accumulate(const uint8_t* pq, const double* pd, int64_t kb, const Activations& a, int64_t r0, int64_t b0,
-                   int32_t offset, double* acc) {
-    __m512d lo[R], hi[R];
-    for (int i = 0; i < R; ++i) {
-      lo[i] = _mm512_loadu_pd(acc + 16 * i);
-      hi[i] = _mm512_loadu_pd(acc + 16 * i + 8);
-    }
-    for (int64_t b = 0; b < kb; ++b, pq += 512, pd += 16) {
-      __m512i wq[8];
-      for (int g = 0; g < 8; ++g) wq[g] = _mm512_loadu_si512(pq + 64 * g);
-      const __m512d d_lo = _mm512_loadu_pd(pd), d_hi = _mm512_loadu_pd(pd + 8);
-      for (int i = 0; i < R; ++i) {
-        const int64_t g = (r0 + i) * a.nb + b0 + b;
-        add_block_16(dot_block_16(wq, a.q + g * quant::kBlock, offset * a.sum[g]), d_lo, d_hi, a.d[g], lo[i], hi[i]);
-      }
-    }
-    for (int i = 0; i < R; ++i) {
-      _mm512_storeu_pd(acc + 16 * i, lo[i]);
-      _mm512_storeu_pd(acc + 16 * i + 8, hi[i]);
-    }
+                         int32_t offset, double* acc) {
+    const auto groups = [pq](int64_t b, __m512i* wq) {
+      for (int g = 0; g < 8; ++g) wq[g] = _mm512_loadu_si512(pq + 512 * b + 64 * g);
+    };
+    sum_blocks_16<R>(groups, kb, pd, a, r0, b0, offset, acc);
   }
 };
 
@@ -209,24 +195,13 @@ struct AvxVnni {
   template <int R>
   static void accumulate(const uint8_t* pq, const double* pd, int64_t kb, const Activations& a, int64_t r0, int64_t b0,
                          int32_t offset, double* acc) {
-    __m256d lo[R], hi[R];
-    for (int i = 0; i < R; ++i) {
-      lo[i] = _mm256_loadu_pd(acc + 8 * i);
-      hi[i] = _mm256_loadu_pd(acc + 8 * i + 4);
-    }
-    for (int64_t b = 0; b < kb; ++b, pq += kMaxBlockBytes, pd += 8) {
-      __m256i wq[8];  // in registers: memory operands in the products ran 32 rows ~20% slower
-      for (int g = 0; g < 8; ++g) wq[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pq + 32 * g));
-      const __m256d d_lo = _mm256_loadu_pd(pd), d_hi = _mm256_loadu_pd(pd + 4);
-      for (int i = 0; i < R; ++i) {
-        const int64_t g = (r0 + i) * a.nb + b0 + b;
-        add_block_8(dot_block_8<2>(wq, a.q + g * quant::kBlock, offset * a.sum[g]), d_lo, d_hi, a.d[g], lo[i], hi[i]);
-      }
-    }
-    for (int i = 0; i < R; ++i) {
-      _mm256_storeu_pd(acc + 8 * i, lo[i]);
-      _mm256_storeu_pd(acc + 8 * i + 4, hi[i]);
-    }
+    // The groups in registers (memory operands in the products ran 32 rows ~20% slower), two
+    // chains (the rows take turns on the groups: ~8% faster than one at 32 rows).
+    const auto groups = [pq](int64_t b, __m256i* wq) {
+      const uint8_t* block = pq + kMaxBlockBytes * b;
+      for (int g = 0; g < 8; ++g) wq[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * g));
+    };
+    sum_blocks_8<R, 2>(groups, kb, pd, a, r0, b0, offset, acc);
   }
 };
 

@@ -138,6 +138,34 @@ inline __m512i dot_block_16(const __m512i* wq, const int8_t* x, int32_t offset) 
   return _mm512_add_epi32(s0, s1);
 }
 
+// acc[r][0..15] += kb blocks (from block b0) of activation rows r0 .. r0 + R - 1 against a tile of 16
+// columns, in block order: groups(b, wq) puts block b's groups in block_groups_16's layout into
+// wq, pd[16 b ..] holds their scales as doubles. The packed kernel's groups come from its buffer,
+// the unpacked one's are transposed from the weights where they lie.
+template <int R, class Groups>
+HWY_INLINE void sum_blocks_16(const Groups& groups, int64_t kb, const double* pd, const Activations& a, int64_t r0,
+                              int64_t b0, int32_t offset, double* acc) {
+  __m512d lo[R], hi[R];
+  for (int r = 0; r < R; ++r) {
+    lo[r] = _mm512_loadu_pd(acc + 16 * r);
+    hi[r] = _mm512_loadu_pd(acc + 16 * r + 8);
+  }
+  for (int64_t b = 0; b < kb; ++b) {
+    __m512i wq[8];
+    groups(b, wq);
+    const __m512d d_lo = _mm512_loadu_pd(pd + 16 * b), d_hi = _mm512_loadu_pd(pd + 16 * b + 8);
+#pragma GCC unroll 8  // lo and hi stay in registers only if every r is its own code
+    for (int r = 0; r < R; ++r) {
+      const int64_t g = (r0 + r) * a.nb + b0 + b;
+      add_block_16(dot_block_16(wq, a.q + g * quant::kBlock, offset * a.sum[g]), d_lo, d_hi, a.d[g], lo[r], hi[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_pd(acc + 16 * r, lo[r]);
+    _mm512_storeu_pd(acc + 16 * r + 8, hi[r]);
+  }
+}
+
 HWY_POP_ATTRIBUTES
 HWY_PUSH_ATTRIBUTES("avx2,fma,f16c")
 
@@ -227,6 +255,32 @@ inline __m256i dot_block_8(const __m256i* wq, const int8_t* x, int32_t offset) {
   for (int j = 0; j < 8; ++j)
     s[j % kChains] = _mm256_dpbusd_avx_epi32(s[j % kChains], wq[j], _mm256_set1_epi32(load_group(x + 4 * j)));
   return kChains == 2 ? _mm256_add_epi32(s[0], s[1]) : s[0];
+}
+
+// sum_blocks_16 for 8 columns (block_groups_8's layout), in kChains chains (dot_block_8).
+template <int R, int kChains, class Groups>
+HWY_INLINE void sum_blocks_8(const Groups& groups, int64_t kb, const double* pd, const Activations& a, int64_t r0,
+                             int64_t b0, int32_t offset, double* acc) {
+  __m256d lo[R], hi[R];
+  for (int r = 0; r < R; ++r) {
+    lo[r] = _mm256_loadu_pd(acc + 8 * r);
+    hi[r] = _mm256_loadu_pd(acc + 8 * r + 4);
+  }
+  for (int64_t b = 0; b < kb; ++b) {
+    __m256i wq[8];
+    groups(b, wq);
+    const __m256d d_lo = _mm256_loadu_pd(pd + 8 * b), d_hi = _mm256_loadu_pd(pd + 8 * b + 4);
+#pragma GCC unroll 8  // lo and hi stay in registers only if every r is its own code
+    for (int r = 0; r < R; ++r) {
+      const int64_t g = (r0 + r) * a.nb + b0 + b;
+      add_block_8(dot_block_8<kChains>(wq, a.q + g * quant::kBlock, offset * a.sum[g]), d_lo, d_hi, a.d[g], lo[r],
+                  hi[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_pd(acc + 8 * r, lo[r]);
+    _mm256_storeu_pd(acc + 8 * r + 4, hi[r]);
+  }
 }
 
 HWY_POP_ATTRIBUTES
