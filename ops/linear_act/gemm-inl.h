@@ -12,9 +12,9 @@
 // KC steps of p at a time keep a Q tile in L1 and a block of MC packed P rows in L2; partial sums
 // live in a per-task scratch between K blocks; where P's block fits L2 (a few rows of x against a
 // big weight), each Q tile goes through all of K before the next, whose rows are prefetched in
-// memory order meanwhile (opforge/cpu/ahead.h). Matmul picks P: B unless A is much smaller (the packing, a
-// transposing copy, costs O(P.rows * K) for 2 M N K flops; an A packed hands its tiles over
-// turned around).
+// memory order meanwhile (opforge/cpu/ahead.h). Matmul picks P: B unless A is much smaller (the
+// packing, a transposing copy, costs O(P.rows * K) for 2 M N K flops; an A packed hands its
+// tiles over turned around).
 //
 // Results do not depend on the thread count: every sum runs over p in the same order whichever
 // task computes it.
