@@ -5,5 +5,12 @@ find_package(hwy REQUIRED)
 
 function(opforge_use_simd target)
   target_link_libraries(${target} PUBLIC hwy::hwy)
-  target_compile_definitions(${target} PUBLIC "HWY_DISABLED_TARGETS=HWY_SSSE3")
+  if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")
+    # SVE vectors are sizeless: they cannot be array elements or struct members, which the
+    # kernels' register tiles are. Every SVE machine also runs NEON.
+    target_compile_definitions(${target} PUBLIC
+                               "HWY_DISABLED_TARGETS=(HWY_SVE|HWY_SVE2|HWY_SVE_256|HWY_SVE2_128)")
+  else()
+    target_compile_definitions(${target} PUBLIC "HWY_DISABLED_TARGETS=HWY_SSSE3")
+  endif()
 endfunction()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything opforge needs on a fresh Debian machine (system packages, Python
 # packages) and builds and installs opforge itself. With --tests, the build also compiles
-# the C++ tests into build/ci for scripts/test.sh.
+# the C++ tests into build/ci for scripts/test.sh, and cross-compiles them for Arm (build/arm64).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,4 +50,5 @@ if [[ $with_tests -eq 1 ]]; then
   args+=(-Cbuild-dir=build/ci -Ccmake.define.OPFORGE_BUILD_TESTS=ON)
 fi
 python3 -m pip install "${args[@]}" .
+if [[ $with_tests -eq 1 ]]; then bash scripts/build_arm64.sh; fi
 echo "opforge installed: $(python3 -c 'import opforge; print(opforge.__version__, opforge.simd_target())')"

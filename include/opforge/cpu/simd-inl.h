@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -31,17 +32,19 @@ namespace hn = hwy::HWY_NAMESPACE;
 template <typename T>
 using Compute = std::conditional_t<std::is_same_v<T, hwy::float16_t> || std::is_same_v<T, hwy::bfloat16_t>, float, T>;
 
+// Through the bits with std::bit_cast: Highway's half types are structs on x86 but the native
+// __fp16 on Arm, which has no .bits.
 template <typename T>
 HWY_INLINE Compute<T> ToCompute(T v) {
-  if constexpr (std::is_same_v<T, hwy::float16_t>) return to_float(float16{v.bits});
-  else if constexpr (std::is_same_v<T, hwy::bfloat16_t>) return to_float(bfloat16{v.bits});
+  if constexpr (std::is_same_v<T, hwy::float16_t>) return to_float(float16{std::bit_cast<uint16_t>(v)});
+  else if constexpr (std::is_same_v<T, hwy::bfloat16_t>) return to_float(bfloat16{std::bit_cast<uint16_t>(v)});
   else return v;
 }
 
 template <typename T>
 HWY_INLINE T FromCompute(Compute<T> v) {
-  if constexpr (std::is_same_v<T, hwy::float16_t>) { T r; r.bits = to_float16(v).bits; return r; }
-  else if constexpr (std::is_same_v<T, hwy::bfloat16_t>) { T r; r.bits = to_bfloat16(v).bits; return r; }
+  if constexpr (std::is_same_v<T, hwy::float16_t>) return std::bit_cast<T>(to_float16(v).bits);
+  else if constexpr (std::is_same_v<T, hwy::bfloat16_t>) return std::bit_cast<T>(to_bfloat16(v).bits);
   else return v;
 }
 
@@ -233,10 +236,13 @@ class StridedRow {
         if constexpr (kWide) {
           return hn::ConcatEven(d_, hn::LoadU(d_, p + hn::Lanes(d_)), hn::LoadU(d_, p));
         } else {
+          // Deinterleaved as uint16 lanes: Highway's Arm target has no ConcatEven or
+          // LowerHalf for half-type vectors.
           const hn::Rebind<T, D> dh;
-          const hn::Twice<decltype(dh)> dw;
-          const auto both = hn::LoadU(dw, p);
-          return hn::PromoteTo(d_, hn::LowerHalf(dh, hn::ConcatEven(dw, both, both)));
+          const hn::RebindToUnsigned<decltype(dh)> duh;
+          const hn::Twice<decltype(duh)> duw;
+          const auto both = hn::LoadU(duw, reinterpret_cast<const uint16_t*>(p));
+          return hn::PromoteTo(d_, hn::BitCast(dh, hn::LowerHalf(duh, hn::ConcatEven(duw, both, both))));
         }
       }
     }
