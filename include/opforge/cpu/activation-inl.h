@@ -49,14 +49,19 @@ HWY_INLINE V ClampAbs(D d, V x, double limit) {
   return hn::IfThenElse(hn::Gt(hn::Abs(x), lim), hn::CopySign(lim, x), x);
 }
 
-// 1 / a for a in [1, 2^100]. float: the hardware estimate and one Newton step (within about an
-// ulp): three short operations on the FMA ports instead of a long-latency vdivps that would
-// lengthen the already long dependency chains. double: a division.
+// 1 / a for a in [1, 2^100]. float: the hardware estimate and Newton steps (within about an
+// ulp): short operations on the FMA ports instead of a long-latency division that would
+// lengthen the already long dependency chains. Each step doubles the estimate's good bits:
+// x86's (rcp14ps, rcpps) has 12-14, one step is enough; Arm's (FRECPE) has 8 and needs two (one
+// left silu 50x less accurate there). double: a division.
+inline constexpr int kReciprocalSteps = HWY_ARCH_ARM ? 2 : 1;
+
 template <class D, class V>
 HWY_INLINE V Reciprocal(D d, V a) {
   if constexpr (sizeof(hn::TFromD<D>) == 4) {
-    const V r = hn::ApproximateReciprocal(a);
-    return hn::MulAdd(hn::NegMulAdd(a, r, Splat(d, 1.0)), r, r);
+    V r = hn::ApproximateReciprocal(a);
+    for (int i = 0; i < kReciprocalSteps; ++i) r = hn::MulAdd(hn::NegMulAdd(a, r, Splat(d, 1.0)), r, r);
+    return r;
   } else {
     return hn::Div(Splat(d, 1.0), a);
   }
