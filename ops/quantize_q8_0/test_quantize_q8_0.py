@@ -3,11 +3,11 @@ and its round trip through dequantize within the format's error bound."""
 
 import numpy as np
 import pytest
-import torch
 
 import opforge
 from opforge.references.quantize_q8_0 import numpy as ggml_q8_0  # ggml's quantizer in NumPy
 from opforge.testing import STRIDED_KINDS, cases, strided, to_float64, to_framework
+from opforge.testing import torch  # None without torch: its cases skip, NumPy's still run
 
 DTYPES = ("float32", "float16", "bfloat16")
 SHAPES = [(32,), (1, 32), (7, 96), (2, 3, 64), (3, 4096), (0, 64), (4, 0)]

@@ -4,11 +4,11 @@ GPT-J's rotate_every_two as written in torch; every error path."""
 
 import numpy as np
 import pytest
-import torch
 
 import opforge
 from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, assert_close, assert_result, cases, has_dtype, random,
                              strided, to_float64, to_framework)
+from opforge.testing import torch  # None without torch: its cases skip, NumPy's still run
 from opforge.references import rope as rope_reference
 
 # [..., seq, heads, dim]: half = dim / 2 odd (7, 4097) leaves SIMD tails; ranks 3 to 5.

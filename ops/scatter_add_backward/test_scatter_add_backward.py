@@ -3,11 +3,11 @@ scatter_add, on every float dtype and layout; every error path."""
 
 import numpy as np
 import pytest
-import torch
 
 import opforge
 from opforge.testing import (FLOAT_DTYPES, STRIDED_KINDS, assert_result, cases, has_dtype, random, strided,
                              to_float64, to_framework)
+from opforge.testing import torch  # None without torch: its cases skip, NumPy's still run
 
 # (grad shape, dim, len(index)): the result has grad's shape with shape[dim] = len(index).
 SHAPES = [((1,), 0, 1), ((3,), 0, 7), ((5,), 0, 4097), ((4, 33), 0, 6), ((4, 33), 1, 9), ((4, 33), -1, 0),

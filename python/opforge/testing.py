@@ -4,8 +4,9 @@ tolerances, non-contiguous views, an op's reference module, which opforge ops a 
 really ran (torch_ops_dispatched), and the pytest fixtures `rng`
 (fresh seed per test, replayed by OPFORGE_TEST_SEED=<seed>) and `simd_target` (the test once
 per SIMD target the CPU runs). Import the fixtures into a test module to use them there:
-`from opforge.testing import rng, simd_target`. Needs pytest and torch; importing it turns on
-jax's 64-bit mode when jax is installed (float64 and int64 arrays would be 32-bit otherwise).
+`from opforge.testing import rng, simd_target`. Needs pytest and NumPy; torch and jax cases
+skip where those are not installed. Importing it turns on jax's 64-bit mode when jax is
+installed (float64 and int64 arrays would be 32-bit otherwise).
 
 Tests draw float64 data, convert it to the dtype under test, and compute their reference
 in float64 from the values the op actually saw (to_float64 of the converted input), so the
@@ -20,14 +21,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import opforge
+
+try:  # a NumPy-only install tests its ops too (the torch cases skip)
+    import torch
+except ImportError:
+    torch = None
 
 try:
     import jax
 except ImportError:
-    pass
+    jax = None
 else:
     # Set at import, before any test runs, so test order cannot change which dtypes jax tests see.
     jax.config.update("jax_enable_x64", True)
@@ -52,9 +57,16 @@ def has_dtype(framework, dtype):
     return not (framework == "numpy" and dtype == "bfloat16")
 
 
+def installed(framework) -> bool:
+    return framework == "numpy" or {"torch": torch, "jax": jax}[framework] is not None
+
+
 def cases(frameworks, dtypes):
-    """(framework, dtype) pairs the framework can hold, as pytest params with readable ids."""
-    return [pytest.param(f, d, id=f"{f}-{d}") for f in frameworks for d in dtypes if has_dtype(f, d)]
+    """(framework, dtype) pairs the framework can hold, as pytest params with readable ids;
+    those of a framework not installed are skipped."""
+    return [pytest.param(f, d, id=f"{f}-{d}",
+                         marks=() if installed(f) else pytest.mark.skip(reason=f"{f} is not installed"))
+            for f in frameworks for d in dtypes if has_dtype(f, d)]
 
 
 def random(rng, shape, dtype):
@@ -67,13 +79,14 @@ def random(rng, shape, dtype):
 def to_framework(a, framework, dtype):
     """Float64 NumPy array -> `framework` array of `dtype` (rounded to nearest)."""
     a = np.asarray(a, dtype=np.float64)
+    if framework in FRAMEWORKS and not installed(framework):
+        pytest.skip(f"{framework} is not installed")
     if framework == "numpy":
         assert dtype != "bfloat16", "NumPy has no bfloat16; use torch or jax"
         return a.astype(dtype)
     if framework == "torch":
         return torch.from_numpy(a).to(getattr(torch, dtype))
     if framework == "jax":
-        import jax
         import jax.numpy as jnp
 
         # Enabled above; without it jax would quietly hand back 32-bit arrays.
@@ -82,21 +95,23 @@ def to_framework(a, framework, dtype):
     raise ValueError(f"unknown framework {framework!r}")
 
 
+def is_torch_tensor(x) -> bool:
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
 def framework_of(x):
     if isinstance(x, np.ndarray):
         return "numpy"
-    if isinstance(x, torch.Tensor):
+    if is_torch_tensor(x):
         return "torch"
-    import jax
-
-    if isinstance(x, jax.Array):
+    if jax is not None and isinstance(x, jax.Array):
         return "jax"
     raise TypeError(f"not an array: {type(x).__name__}")
 
 
 def on_gpu(x) -> bool:
     """Whether x (a NumPy, torch or JAX array) lives on a GPU: JAX puts its arrays there by default."""
-    if isinstance(x, torch.Tensor):
+    if is_torch_tensor(x):
         return x.device.type == "cuda"
     devices = getattr(x, "devices", None)
     return devices is not None and any(d.platform == "gpu" for d in devices())
@@ -116,14 +131,14 @@ def product_rounding(got, product, dtype):
 
 
 def dtype_of(x):
-    if isinstance(x, torch.Tensor):
+    if is_torch_tensor(x):
         return str(x.dtype).removeprefix("torch.")
     return np.dtype(x.dtype).name  # NumPy, and jax (ml_dtypes names its bfloat16 'bfloat16')
 
 
 def to_float64(x):
     """Any framework's array -> float64 NumPy array (a copy)."""
-    if isinstance(x, torch.Tensor):
+    if is_torch_tensor(x):
         return x.detach().cpu().to(torch.float64).numpy()
     return np.asarray(x).astype(np.float64)
 
