@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Cross-compiles opforge for 64-bit Arm Linux (Highway's NEON target), to run under QEMU's
-# user-mode emulator (scripts/test.sh runs both):
-# - build/arm64: the C++ core, every op's CPU kernels and the C++ tests (ctest);
-# - build/arm64-py: the Python module, staged as a package (stage/), an aarch64 Python to run it
-#   (python3: Debian's libpython3.11 behind a two-line main) and NumPy's and pytest's aarch64
-#   wheels (site/), for the tour and the op tests' NumPy cases. Not torch: PyPI's aarch64 torch
-#   is a CUDA build that needs NVIDIA's libraries to import.
+# user-mode emulator (scripts/test.sh runs them), into build/arm64:
+# - the C++ core, every op's CPU kernels and the C++ tests (ctest);
+# - the Python module, staged as a package (stage/), an aarch64 Python to run it (python3:
+#   Debian's libpython3.11 behind a two-line main) and NumPy's and pytest's aarch64 wheels
+#   (site/), for the tour and the op tests' NumPy cases. Not torch: PyPI's aarch64 torch is a
+#   CUDA build that needs NVIDIA's libraries to import.
 # This machine has no Arm CPU: the emulator checks what the kernels compute, not how fast.
 # Installs Debian's cross compiler, QEMU and the arm64 builds of Highway, GoogleTest and
 # libpython3.11 (multiarch) where apt-get is available.
@@ -27,32 +27,33 @@ if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/
     libhwy-dev:arm64 libgtest-dev:arm64 libpython3.11-dev:arm64 >/dev/null
 fi
 
-cmake -S . -B build/arm64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake \
-  -DCMAKE_BUILD_TYPE=Release -DOPFORGE_PYTHON=OFF -DOPFORGE_CUDA=OFF -DOPFORGE_BUILD_TESTS=ON >/dev/null
-cmake --build build/arm64 --target opforge_cpp_tests
-
-# The Python module against Debian's arm64 Python 3.11 headers: the same minor version as the
-# Python running this script, whose nanobind and jaxlib headers the build uses.
-if ! python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
-  echo "build_arm64.sh: Python $(python3 -V) is not 3.11 (Debian's arm64 libpython); no Arm Python build" >&2
-  exit 0
+# The Python module too where this Python is 3.11, the minor version of Debian's arm64 libpython
+# whose headers it compiles against (nanobind and jaxlib's headers come from this Python).
+with_python=OFF
+if python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+  with_python=ON
+else
+  echo "build_arm64.sh: Python $(python3 -V) is not 3.11 (Debian's arm64 libpython): C++ tests only" >&2
 fi
-cmake -S . -B build/arm64-py -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake \
-  -DCMAKE_BUILD_TYPE=Release -DOPFORGE_CUDA=OFF -DOPFORGE_TORCH=OFF -DPython_EXECUTABLE="$(command -v python3)" \
-  -DPython_INCLUDE_DIR=/usr/include/python3.11 -DPython_SOABI=cpython-311-aarch64-linux-gnu \
-  -DNB_SUFFIX=.cpython-311-aarch64-linux-gnu.so -DNB_SUFFIX_S=.abi3.so >/dev/null
-cmake --build build/arm64-py
-rm -rf build/arm64-py/stage
-mkdir -p build/arm64-py/stage
-cp -r python/opforge build/arm64-py/stage/
-cmake --install build/arm64-py --prefix build/arm64-py/stage >/dev/null
+cmake -S . -B build/arm64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake \
+  -DCMAKE_BUILD_TYPE=Release -DOPFORGE_CUDA=OFF -DOPFORGE_BUILD_TESTS=ON -DOPFORGE_PYTHON=$with_python \
+  -DOPFORGE_TORCH=OFF -DPython_EXECUTABLE="$(command -v python3)" -DPython_INCLUDE_DIR=/usr/include/python3.11 \
+  -DPython_SOABI=cpython-311-aarch64-linux-gnu -DNB_SUFFIX=.cpython-311-aarch64-linux-gnu.so \
+  -DNB_SUFFIX_S=.abi3.so >/dev/null
+cmake --build build/arm64
+[[ $with_python == ON ]] || exit 0
+
+rm -rf build/arm64/stage
+mkdir -p build/arm64/stage
+cp -r python/opforge build/arm64/stage/
+cmake --install build/arm64 --prefix build/arm64/stage >/dev/null
 
 printf '#include <Python.h>\nint main(int argc, char** argv) { return Py_BytesMain(argc, argv); }\n' \
-  > build/arm64-py/python_main.c
-aarch64-linux-gnu-g++ -x c build/arm64-py/python_main.c -o build/arm64-py/python3 \
+  > build/arm64/python_main.c
+aarch64-linux-gnu-g++ -x c build/arm64/python_main.c -o build/arm64/python3 \
   -I/usr/include/python3.11 -I/usr/include/aarch64-linux-gnu/python3.11 -L/usr/lib/aarch64-linux-gnu \
   -lpython3.11 -Wl,-rpath-link=/usr/lib/aarch64-linux-gnu:/lib/aarch64-linux-gnu
 
-python3 -m pip install -q --disable-pip-version-check --upgrade --target build/arm64-py/site \
+python3 -m pip install -q --disable-pip-version-check --upgrade --target build/arm64/site \
   --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 --python-version 3.11 \
   --implementation cp --abi cp311 --only-binary=:all: --no-warn-conflicts "numpy>=1.24" "pytest>=8"

@@ -14,11 +14,11 @@ if [[ -x build/arm64/opforge_cpp_tests ]]; then
 else
   echo "build/arm64 is missing (scripts/build_arm64.sh found no cross toolchain): Arm tests skipped" >&2
 fi
-if [[ -x build/arm64-py/python3 ]]; then
+if [[ -x build/arm64/python3 ]]; then
   # The Arm build of the Python module on an emulated aarch64 Python (no torch or jax there):
   # every op against its reference in the tour, and the NumPy cases of the op tests that import
   # without torch (the others take their references from torch).
-  arm_python=(env PYTHONPATH=build/arm64-py/stage:build/arm64-py/site qemu-aarch64 -L / build/arm64-py/python3)
+  arm_python=(env PYTHONPATH=build/arm64/stage:build/arm64/site qemu-aarch64 -L / build/arm64/python3)
   "${arm_python[@]}" -m opforge tour --frameworks numpy --rows 64 --cols 256 --repeats 1
   "${arm_python[@]}" -m pytest -q -p no:cacheprovider -k "not torch and not jax" \
     ops/{add,add_one,mul,rms_norm,layer_norm,softmax,gelu,gelu_backward,silu,silu_backward,relu,relu_backward}/test_*.py \
