@@ -49,5 +49,10 @@ void rows_avx2(const Activations& a, const Weights& w, float* y);
 void rows_vnni(const Activations& a, const Weights& w, float* y);
 void rows_avx_vnni(const Activations& a, const Weights& w, float* y);
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+bool cpu_has_arm_dotprod();
+// 4 columns a tile, SDOT (Armv8.2 dot product). Needs cpu_has_arm_dotprod(): matmul_q_arm.cc.
+void gemm_arm_dotprod(const Activations& a, const Weights& w, float* y);
+#endif
 
 }  // namespace opforge::matmul_q

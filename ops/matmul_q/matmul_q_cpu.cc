@@ -1,8 +1,8 @@
 // matmul_q on the CPU. Per Highway target: quantize the activations to Q8_0 with the shared
 // block quantizer (the bytes quantize_q8_0 writes), then hand the integer products to the
 // path this target stands for: AVX3 -> AVX-512 VNNI (the AVX2 target's code where the CPU lacks
-// it), AVX2 -> AVX-VNNI's 256-bit vpdpbusd where the CPU has it, pmaddubsw elsewhere, anything
-// else -> the portable scalar loop. Pinning a SIMD target (OPFORGE_SIMD, opforge.set_simd_target)
+// it), AVX2 -> AVX-VNNI's 256-bit vpdpbusd where the CPU has it, pmaddubsw elsewhere, Arm's NEON
+// -> SDOT where the CPU has it (matmul_q_arm.cc), anything else -> the portable scalar loop. Pinning a SIMD target (OPFORGE_SIMD, opforge.set_simd_target)
 // therefore pins the path, and the Python tests run every one this CPU has but pmaddubsw where
 // AVX-VNNI takes its place; tests/cpp/test_matmul_q_paths.cc calls every x86 path itself.
 #undef HWY_TARGET_INCLUDE
@@ -82,6 +82,8 @@ void Typed(const KernelCall& call) {
     cpu_has_avx_vnni() ? gemm_avx_vnni(a, weights, y) : gemm_avx2(a, weights, y);
 #elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
   cpu_has_avx_vnni() ? gemm_avx_vnni(a, weights, y) : gemm_avx2(a, weights, y);
+#elif HWY_ARCH_ARM_A64 && defined(__linux__)
+  cpu_has_arm_dotprod() ? gemm_arm_dotprod(a, weights, y) : gemm_scalar(a, weights, y);
 #else
   gemm_scalar(a, weights, y);
 #endif

@@ -4,7 +4,6 @@ error bound."""
 
 import numpy as np
 import pytest
-import torch
 
 import opforge
 
@@ -76,6 +75,7 @@ def test_any_weight_bytes(simd_target, rng, m, fmt):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_half_inputs(simd_target, rng, fmt, dtype):
     # Through torch for bfloat16; the result is the float32 one rounded to x's dtype.
+    torch = pytest.importorskip("torch")
     x = torch.from_numpy(rng.standard_normal((5, 96))).to(getattr(torch, dtype))
     w = weights(rng, 7, 96, fmt)
     got = opforge.matmul_q(x, torch.from_numpy(w), fmt)
@@ -164,6 +164,7 @@ def test_jax_jit_and_vmap(rng):
 
 
 def test_torch_adapter(rng):
+    torch = pytest.importorskip("torch")
     ot = pytest.importorskip("opforge.torch")
     x = torch.randn(3, 64)
     w = weights(rng, 5, 64, "q4_0")

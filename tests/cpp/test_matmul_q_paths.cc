@@ -1,8 +1,8 @@
-// matmul_q's x86 paths called directly (ops/matmul_q/matmul_q.h), each against the scalar
-// reference bit for bit: pmaddubsw (AVX2), AVX-VNNI's and AVX-512 VNNI's vpdpbusd, each where this
-// CPU has it. The op picks one path per SIMD target, so on a CPU with AVX-VNNI the Python tests
-// never reach pmaddubsw; here every path runs, unpacked (up to kMaxFewRows rows) and packed, over
-// partial tiles and block chunks, with any weight byte.
+// matmul_q's SIMD paths called directly (ops/matmul_q/matmul_q.h), each against the scalar
+// reference bit for bit: on x86 pmaddubsw (AVX2), AVX-VNNI's and AVX-512 VNNI's vpdpbusd, on Arm
+// SDOT, each where this CPU has it. The op picks one path per SIMD target, so on a CPU with
+// AVX-VNNI the Python tests never reach pmaddubsw; here every path runs, unpacked (up to
+// kMaxFewRows rows) and packed, over partial tiles and block chunks, with any weight byte.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -13,7 +13,6 @@
 #include "opforge/half.h"
 #include "ops/matmul_q/matmul_q.h"
 
-#if defined(__x86_64__) || defined(__i386__)
 namespace {
 
 using namespace opforge;
@@ -56,16 +55,11 @@ Product random_product(quant::Format format, int64_t m, int64_t n, int64_t nb, u
 
 using Path = void (*)(const Activations&, const Weights&, float*);
 
-TEST(MatmulQPaths, EveryX86PathGivesTheScalarBits) {
-  std::vector<std::pair<std::string, Path>> paths;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    paths.emplace_back("pmaddubsw (AVX2)", gemm_avx2);
-  if (cpu_has_avx_vnni()) paths.emplace_back("AVX-VNNI", gemm_avx_vnni);
-  if (cpu_has_avx512_vnni()) paths.emplace_back("AVX-512 VNNI", gemm_vnni);
-  if (paths.empty()) GTEST_SKIP() << "this CPU has none of matmul_q's x86 paths";
+// Every path in `paths` gives gemm_scalar's bits: 1 to 70 rows, partial tiles, 1 and 33 blocks.
+void expect_scalar_bits(const std::vector<std::pair<std::string, Path>>& paths) {
   unsigned seed = 0;
   for (const quant::Format format : {quant::Format::q8_0, quant::Format::q4_0})
-    for (const int64_t m : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, kMaxFewRows, kMaxFewRows + 1, int64_t{70}})
+    for (const int64_t m : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{8}, int64_t{9}, int64_t{70}})
       for (const int64_t n : {int64_t{1}, int64_t{13}, int64_t{40}})
         for (const int64_t nb : {int64_t{1}, int64_t{33}}) {
           const Product p = random_product(format, m, n, nb, ++seed);
@@ -80,5 +74,24 @@ TEST(MatmulQPaths, EveryX86PathGivesTheScalarBits) {
         }
 }
 
-}  // namespace
+#if defined(__x86_64__) || defined(__i386__)
+TEST(MatmulQPaths, EveryX86PathGivesTheScalarBits) {
+  static_assert(kMaxFewRows == 8, "the rows above straddle the unpacked kernels' limit");
+  std::vector<std::pair<std::string, Path>> paths;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    paths.emplace_back("pmaddubsw (AVX2)", gemm_avx2);
+  if (cpu_has_avx_vnni()) paths.emplace_back("AVX-VNNI", gemm_avx_vnni);
+  if (cpu_has_avx512_vnni()) paths.emplace_back("AVX-512 VNNI", gemm_vnni);
+  if (paths.empty()) GTEST_SKIP() << "this CPU has none of matmul_q's x86 paths";
+  expect_scalar_bits(paths);
+}
 #endif
+
+#if defined(__aarch64__) && defined(__linux__)
+TEST(MatmulQPaths, ArmDotProductGivesTheScalarBits) {
+  if (!cpu_has_arm_dotprod()) GTEST_SKIP() << "this CPU has no SDOT (Armv8.2 dot product)";
+  expect_scalar_bits({{"SDOT", gemm_arm_dotprod}});
+}
+#endif
+
+}  // namespace
