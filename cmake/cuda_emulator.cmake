@@ -45,9 +45,10 @@ target_link_libraries(opforge_cuda_emulated_tests PRIVATE opforge_core GTest::gt
 # libopforge's own (real) CUDA code, which the test links beside them. -O1 keeps the compile short.
 # UBSan's alignment check: a GPU faults on any access not aligned to its size (a 16-byte vector
 # load from an address 4 bytes in: "misaligned address"), which x86 forgives; here it stops the
-# test naming the source line.
+# test naming the source line. -ffp-contract=fast undoes opforge's contract=off (cmake/simd.cmake)
+# for the kernels: nvcc fuses a*b+c by default (--fmad=true), so they round as on a GPU.
 set_source_files_properties(${emulated_sources} PROPERTIES COMPILE_OPTIONS
-                            "-include;${emulator_dir}/cuda_emulator.h;-O1;-Wno-unknown-pragmas;-fsanitize=alignment;-fno-sanitize-recover=alignment")
+                            "-include;${emulator_dir}/cuda_emulator.h;-O1;-Wno-unknown-pragmas;-fsanitize=alignment;-fno-sanitize-recover=alignment;-ffp-contract=fast")
 target_link_options(opforge_cuda_emulated_tests PRIVATE -fsanitize=alignment)
 target_compile_options(opforge_cuda_emulated_tests PRIVATE -fvisibility=hidden -fvisibility-inlines-hidden)
 if(OPFORGE_CUBLASLT_INCLUDE_DIR)

@@ -5,6 +5,11 @@ find_package(hwy REQUIRED)
 
 function(opforge_use_simd target)
   target_link_libraries(${target} PUBLIC hwy::hwy)
+  # No implicit FMA: GCC (gnu++20) fuses a*b+c wherever the target has FMA, and decides it per
+  # instantiation, so one kernel compiled for two output masks rounded the same element two ways
+  # (rms_norm_backward's grad_weight, on AVX2). A fused operation is written as one: hn::MulAdd,
+  # or ScalarMulAdd (simd-inl.h) for the single elements that mirror it.
+  target_compile_options(${target} PUBLIC $<$<COMPILE_LANGUAGE:CXX>:-ffp-contract=off>)
   if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")
     # SVE vectors are sizeless: they cannot be array elements or struct members, which the
     # kernels' register tiles are. Every SVE machine also runs NEON.

@@ -113,7 +113,7 @@ void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, const T* HWY_RESTRICT w, 
   const auto xhat1 = [&](int64_t i) { return ((ToCompute(x[i]) - m.base) - m.mu) * m.rstd; };
   if (b)
     WriteRow(out, n, stream, [&](int64_t i) { return hn::MulAdd(xhat(i), LoadAs(d, w + i), LoadAs(d, b + i)); },
-             [&](int64_t i) { return xhat1(i) * ToCompute(w[i]) + ToCompute(b[i]); });
+             [&](int64_t i) { return ScalarMulAdd(xhat1(i), ToCompute(w[i]), ToCompute(b[i])); });
   else
     WriteRow(out, n, stream, [&](int64_t i) { return hn::Mul(xhat(i), LoadAs(d, w + i)); },
              [&](int64_t i) { return xhat1(i) * ToCompute(w[i]); });

@@ -111,7 +111,7 @@ void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT pw, Compute<T>* HWY_RESTRI
     }
     for (; i < n; ++i) {
       const C gk = ToCompute(g[i]);
-      pw[i] += gk * (((ToCompute(x[i]) - base) - mu) * rstd);
+      pw[i] = ScalarMulAdd(gk, ((ToCompute(x[i]) - base) - mu) * rstd, pw[i]);
       pb[i] += gk;
     }
     return;
@@ -131,10 +131,10 @@ void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT pw, Compute<T>* HWY_RESTRI
              const C gk = ToCompute(g[k]);
              const C xhat = ((ToCompute(x[k]) - base) - mu) * rstd;
              if constexpr (kPartials) {
-               pw[k] += gk * xhat;
+               pw[k] = ScalarMulAdd(gk, xhat, pw[k]);
                pb[k] += gk;
              }
-             return rstd * (gk * ToCompute(w[k]) - xhat * xhat_coef) + offset;
+             return ScalarMulAdd(rstd, ScalarMulAdd(-xhat, xhat_coef, gk * ToCompute(w[k])), offset);
            });
 }
 

@@ -3,8 +3,8 @@
 // sum(g*w*x), one that writes grad_x (non-temporal stores for a large output) and adds
 // g*x*inv into the chunk's own grad_weight partial while prefetching the next row. The
 // partials are then added in chunk order, so grad_weight is bitwise the same whatever the
-// thread count (single elements use the vectors' fused operations, so an element's bits do
-// not depend on which loop took it).
+// thread count (single elements round as the vectors' fused operations do, ScalarMulAdd, so an
+// element's bits do not depend on which loop took it).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/rms_norm_backward/rms_norm_backward_cpu.cc"
 #include <hwy/foreach_target.h>  // re-includes this file once per target
@@ -31,7 +31,8 @@ using namespace opforge::cpu::HWY_NAMESPACE;
 // from memory overlap its arithmetic and stores.
 // Without kGx (grad_x not asked for, OpDef::output_mask_slot) a row computes sum(x^2) and the
 // partial only: no g*w*x sum, no grad_x pass into a scratch row. Each partial element is the
-// same fused operation on either path, so grad_weight's bits do not depend on the mask.
+// same fused operation on either path, and nothing else is fused (-ffp-contract=off), so
+// grad_weight's bits do not depend on the mask (tests/python/test_output_mask_bits.py).
 template <typename T, bool kWeight, bool kGx = true>
 void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT gw, const T* HWY_RESTRICT g, const T* HWY_RESTRICT x,
          const T* HWY_RESTRICT w, int64_t n, double eps, bool stream, const T* next_g, const T* next_x) {
@@ -69,7 +70,7 @@ void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT gw, const T* HWY_RESTRICT 
   if constexpr (!kGx) {  // grad_weight's partial only
     for (i = 0; i + lanes <= n; i += lanes)
       hn::StoreU(hn::MulAdd(hn::Mul(LoadAs(d, g + i), LoadAs(d, x + i)), vinv, hn::LoadU(d, gw + i)), d, gw + i);
-    for (; i < n; ++i) gw[i] = std::fma(ToCompute(g[i]) * ToCompute(x[i]), inv, gw[i]);
+    for (; i < n; ++i) gw[i] = ScalarMulAdd(ToCompute(g[i]) * ToCompute(x[i]), inv, gw[i]);
     return;
   }
   const C coef = inv * inv * (dot / static_cast<C>(n));  // grad_x = inv * (g*w - x*coef)
@@ -83,8 +84,8 @@ void Row(T* HWY_RESTRICT gx, Compute<T>* HWY_RESTRICT gw, const T* HWY_RESTRICT 
            },
            [&](int64_t k) {
              const C gk = ToCompute(g[k]), xk = ToCompute(x[k]);
-             if constexpr (kWeight) gw[k] = std::fma(gk * xk, inv, gw[k]);
-             return inv * std::fma(-xk, coef, gk * ToCompute(w[k]));
+             if constexpr (kWeight) gw[k] = ScalarMulAdd(gk * xk, inv, gw[k]);
+             return inv * ScalarMulAdd(-xk, coef, gk * ToCompute(w[k]));
            });
 }
 

@@ -40,8 +40,8 @@ HWY_INLINE void HalfRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, const C* H
   }
   for (; i < half; ++i) {
     const C a = ToCompute(x[i]), b = ToCompute(x[half + i]);
-    out[i] = FromCompute<T>(a * c[i] - b * s[i]);
-    out[half + i] = FromCompute<T>(a * s[i] + b * c[i]);
+    out[i] = FromCompute<T>(ScalarMulAdd(a, c[i], -(b * s[i])));
+    out[half + i] = FromCompute<T>(ScalarMulAdd(a, s[i], b * c[i]));
   }
 }
 
@@ -59,7 +59,7 @@ HWY_INLINE void InterleavedRow(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, con
       StoreAs(d, hn::MulAdd(v, hn::LoadU(d, c2 + i), hn::Mul(hn::Reverse2(d, v), hn::LoadU(d, s2 + i))), out + i);
     }
   }
-  for (; i < dim; ++i) out[i] = FromCompute<T>(ToCompute(x[i]) * c2[i] + ToCompute(x[i ^ 1]) * s2[i]);
+  for (; i < dim; ++i) out[i] = FromCompute<T>(ScalarMulAdd(ToCompute(x[i]), c2[i], ToCompute(x[i ^ 1]) * s2[i]));
 }
 
 // A head's row is short (128 values: 512 bytes) and read as two halves side by side, which the

@@ -23,8 +23,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
 # What CMakeLists.txt and cmake/simd.cmake give every op source: the same Highway targets
-# (one per-target table shared with libhwy), C++20, position-independent code.
-FLAGS = ["-std=gnu++20", "-O3", "-fPIC", "-DHWY_DISABLED_TARGETS=HWY_SSSE3", "-DHWY_SHARED_DEFINE"]
+# (one per-target table shared with libhwy), C++20, position-independent code, no implicit FMA.
+FLAGS = ["-std=gnu++20", "-O3", "-fPIC", "-ffp-contract=off", "-DHWY_DISABLED_TARGETS=HWY_SSSE3", "-DHWY_SHARED_DEFINE"]
 ENV_VAR = "OPFORGE_PLUGINS"
 
 

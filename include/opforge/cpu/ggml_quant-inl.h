@@ -8,7 +8,8 @@
 //   on every target (a NaN in a block gives a NaN scale: such blocks are garbage in ggml too).
 // - A product that feeds an addition goes through Rounded(): GCC contracts a*b+c into an FMA
 //   (one rounding instead of ggml's two) wherever the target has FMA, which would change rare
-//   quants. roundf is built from Trunc and a comparison.
+//   quants (opforge builds with -ffp-contract=off now; Rounded() keeps the bytes under any
+//   flags). roundf is built from Trunc and a comparison.
 // Checked against ggml's own C (quantize_row_q8_0_ref, _q4_0_ref of ggml-org/ggml d99724f,
 // compiled with -ffp-contract=off) on 8M values of scales 1e-4..1e4: the same bytes on every
 // target. ggml built with -march=native itself differs from that in about 1 Q4_0 block in

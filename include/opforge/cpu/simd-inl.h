@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -46,6 +47,20 @@ HWY_INLINE T FromCompute(Compute<T> v) {
   if constexpr (std::is_same_v<T, hwy::float16_t>) return std::bit_cast<T>(to_float16(v).bits);
   else if constexpr (std::is_same_v<T, hwy::bfloat16_t>) return std::bit_cast<T>(to_bfloat16(v).bits);
   else return v;
+}
+
+// a * b + c for one element, rounded as hn::MulAdd rounds it on this target: fused where the
+// target's vectors fuse it (HWY_NATIVE_FMA), the product rounded first elsewhere (SSE4, SCALAR,
+// EMU128). opforge compiles with -ffp-contract=off (cmake/simd.cmake), so a scalar tail computes
+// what its source says and matches its vector loop only through this; GCC's contraction used to
+// decide it, differently in two instantiations of one kernel.
+template <typename C>
+HWY_INLINE C ScalarMulAdd(C a, C b, C c) {
+#if HWY_NATIVE_FMA
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
 }
 
 // Highway 1.0.3 emulates f16 <-> f32 on targets without hardware conversion (SSE4, SCALAR,
