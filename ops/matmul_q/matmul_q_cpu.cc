@@ -2,9 +2,10 @@
 // block quantizer (the bytes quantize_q8_0 writes), then hand the integer products to the
 // path this target stands for: AVX3 -> AVX-512 VNNI (the AVX2 target's code where the CPU lacks
 // it), AVX2 -> AVX-VNNI's 256-bit vpdpbusd where the CPU has it, pmaddubsw elsewhere, Arm's NEON
-// -> SDOT where the CPU has it (matmul_q_arm.cc), anything else -> the portable scalar loop. Pinning a SIMD target (OPFORGE_SIMD, opforge.set_simd_target)
-// therefore pins the path, and the Python tests run every one this CPU has but pmaddubsw where
-// AVX-VNNI takes its place; tests/cpp/test_matmul_q_paths.cc calls every x86 path itself.
+// -> SDOT where the CPU has it (matmul_q_arm.cc), anything else -> the portable scalar loop.
+// Pinning a SIMD target (OPFORGE_SIMD, opforge.set_simd_target) therefore pins the path, and the
+// Python tests run every one this CPU has but pmaddubsw where AVX-VNNI takes its place;
+// tests/cpp/test_matmul_q_paths.cc calls every SIMD path (x86's and SDOT) itself.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/matmul_q/matmul_q_cpu.cc"
 #include <hwy/foreach_target.h>  // re-includes this file once per target
