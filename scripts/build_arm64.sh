@@ -35,11 +35,22 @@ if python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
 else
   echo "build_arm64.sh: Python $(python3 -V) is not 3.11 (Debian's arm64 libpython): C++ tests only" >&2
 fi
+numpy_include=()
+if [[ $with_python == ON ]]; then
+  # NumPy and pytest for the emulated Python, first: the module compiles against that NumPy's
+  # headers (its C API, for the NumPy fast path).
+  python3 -m pip install -q --disable-pip-version-check --upgrade --target build/arm64/site \
+    --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 --python-version 3.11 \
+    --implementation cp --abi cp311 --only-binary=:all: --no-warn-conflicts "numpy>=1.24" "pytest>=8"
+  for dir in build/arm64/site/numpy/_core/include build/arm64/site/numpy/core/include; do
+    [[ -d $dir ]] && numpy_include=(-DOPFORGE_NUMPY_INCLUDE_DIR="$PWD/$dir") && break
+  done
+fi
 cmake -S . -B build/arm64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake \
   -DCMAKE_BUILD_TYPE=Release -DOPFORGE_CUDA=OFF -DOPFORGE_BUILD_TESTS=ON -DOPFORGE_PYTHON=$with_python \
   -DOPFORGE_TORCH=OFF -DPython_EXECUTABLE="$(command -v python3)" -DPython_INCLUDE_DIR=/usr/include/python3.11 \
   -DPython_SOABI=cpython-311-aarch64-linux-gnu -DNB_SUFFIX=.cpython-311-aarch64-linux-gnu.so \
-  -DNB_SUFFIX_S=.abi3.so >/dev/null
+  -DNB_SUFFIX_S=.abi3.so "${numpy_include[@]}" >/dev/null
 cmake --build build/arm64
 [[ $with_python == ON ]] || exit 0
 
@@ -53,7 +64,3 @@ printf '#include <Python.h>\nint main(int argc, char** argv) { return Py_BytesMa
 aarch64-linux-gnu-g++ -x c build/arm64/python_main.c -o build/arm64/python3 \
   -I/usr/include/python3.11 -I/usr/include/aarch64-linux-gnu/python3.11 -L/usr/lib/aarch64-linux-gnu \
   -lpython3.11 -Wl,-rpath-link=/usr/lib/aarch64-linux-gnu:/lib/aarch64-linux-gnu
-
-python3 -m pip install -q --disable-pip-version-check --upgrade --target build/arm64/site \
-  --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 --python-version 3.11 \
-  --implementation cp --abi cp311 --only-binary=:all: --no-warn-conflicts "numpy>=1.24" "pytest>=8"

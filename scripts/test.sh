@@ -22,7 +22,8 @@ if [[ -x build/arm64/python3 ]]; then
   "${arm_python[@]}" -m opforge tour --frameworks numpy --rows 64 --cols 256 --repeats 1
   "${arm_python[@]}" -m pytest -q -p no:cacheprovider -k "not torch and not jax" \
     ops/{add,add_one,mul,rms_norm,layer_norm,softmax,gelu,gelu_backward,silu,silu_backward,relu,relu_backward}/test_*.py \
-    ops/{rope,scatter_add_backward,quantize_q4_0,quantize_q8_0,matmul_q}/test_*.py tests/python/test_output_mask_bits.py
+    ops/{rope,scatter_add_backward,quantize_q4_0,quantize_q8_0,matmul_q}/test_*.py tests/python/test_output_mask_bits.py \
+    tests/python/test_numpy_arrays.py
 fi
 python3 -m pytest
 # The GPU tests' own plumbing (samples, comparisons) on the CPU backend: a mistake there would

@@ -92,18 +92,19 @@ std::vector<int64_t> broadcast_strides(const TensorView& t, const std::vector<in
   return out;
 }
 
+std::optional<DType> dtype_from_dlpack(DLDataType dtype) {
+  for (const auto& d : kDTypes)
+    if (d.dl_code == dtype.code && d.size * 8 == dtype.bits && dtype.lanes == 1) return d.dtype;
+  return std::nullopt;
+}
+
 TensorView from_dlpack(const DLTensor& t) {
   TensorView view;
-  bool known = false;
-  for (const auto& d : kDTypes) {
-    if (d.dl_code == t.dtype.code && d.size * 8 == t.dtype.bits && t.dtype.lanes == 1) {
-      view.dtype = d.dtype;
-      known = true;
-    }
-  }
-  if (!known)
+  const std::optional<DType> dtype = dtype_from_dlpack(t.dtype);
+  if (!dtype)
     fail(ErrorKind::type, "unsupported DLPack dtype (code ", int(t.dtype.code), ", bits ",
          int(t.dtype.bits), ", lanes ", t.dtype.lanes, ")");
+  view.dtype = *dtype;
   switch (t.device.device_type) {
     case kDLCPU:
     case kDLCUDAHost:

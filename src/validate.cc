@@ -9,14 +9,17 @@ namespace opforge {
 
 namespace {
 
+// "float32" or "in [float32, float64]": what "'x' must have dtype ..." goes on with.
+std::string expected_dtypes(const std::vector<DType>& dtypes) {
+  return dtypes.size() == 1 ? std::string(dtype_name(dtypes[0])) : "in " + dtype_list(dtypes);
+}
+
 void check_tensor(const OpDef& op, const OpInputs& in, int64_t slot, const TensorView& t,
                   const ShapeContext& ctx) {
   const std::string& name = op.tensor_name(slot);
   const TensorConstraint& c = op.constraint(slot);
   if (!c.dtypes.empty() && std::find(c.dtypes.begin(), c.dtypes.end(), t.dtype) == c.dtypes.end())
-    ctx.fail(ErrorKind::type, "'", name, "' must have dtype ",
-             c.dtypes.size() == 1 ? std::string(dtype_name(c.dtypes[0])) : "in " + dtype_list(c.dtypes),
-             ", got ", dtype_name(t.dtype));
+    ctx.fail(ErrorKind::type, "'", name, "' must have dtype ", expected_dtypes(c.dtypes), ", got ", dtype_name(t.dtype));
   if (!c.same_dtype_as.empty()) {
     const auto& other = in.tensors[op.tensor_slot(c.same_dtype_as)];
     if (other && other->dtype != t.dtype)
@@ -110,6 +113,13 @@ Outputs infer_outputs(const OpDef& op, const OpInputs& inputs) {
   for (OutputSpec& out : outputs)
     out.strides = operands.empty() ? contiguous_strides(out.shape) : elementwise_result_strides(operands, out.shape);
   return outputs;
+}
+
+void fail_unsupported_dtype(const OpDef& op, std::string_view arg, std::string_view got) {
+  const int64_t slot = op.tensor_slot(arg);
+  std::vector<DType> expected = slot >= 0 ? op.constraint(slot).dtypes : std::vector<DType>{};
+  if (expected.empty()) expected.assign(std::begin(kAllDTypes), std::end(kAllDTypes));
+  fail(ErrorKind::type, op.name(), "(): '", arg, "' must have dtype ", expected_dtypes(expected), ", got ", got);
 }
 
 void fail_result_allocation(const OpDef& op, const std::exception& error) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "numpy_arrays.h"
 #include "opforge/error.h"
 
 namespace opforge::python {
@@ -31,6 +32,18 @@ Framework framework_of(nb::handle obj) {
 bool import_array(nb::handle obj, nb::ndarray<nb::ro>& out) {
   // convert=false: never copy, never cast a Python list into an array behind the user's back.
   return nb::try_cast(obj, out, false);
+}
+
+PyObject* module_function(const char* module, const char* name) {
+  return nb::object(nb::module_::import_(module).attr(name)).release().ptr();
+}
+
+nb::object torch_cpu_capsule(nb::handle tensor) {
+  if (!nb::cast<bool>(tensor.attr("is_cpu"))) return nb::object();
+  static PyObject* to_dlpack = module_function("torch.utils.dlpack", "to_dlpack");
+  PyObject* capsule = PyObject_CallOneArg(to_dlpack, tensor.ptr());
+  if (!capsule) PyErr_Clear();  // e.g. a sparse tensor: the generic import says what it is
+  return nb::steal(capsule);
 }
 
 TensorView view_of(const nb::ndarray<nb::ro>& a) {
@@ -79,28 +92,50 @@ Allocation allocate(Backend& backend, DType dtype, const std::vector<int64_t>& s
 
 namespace {
 template <typename F>
-nb::object wrap_as(const Allocation& r) {
+nb::ndarray<F> ndarray_of(const Allocation& r) {
   const TensorView& v = r.view;
   std::vector<size_t> shape(v.shape.begin(), v.shape.end());
   const nb::dlpack::dtype dt{dlpack_type_code(v.dtype), static_cast<uint8_t>(dtype_size(v.dtype) * 8), 1};
   const int device_type = v.device.type == DeviceType::cpu ? 1 : 2;  // kDLCPU, kDLCUDA
-  nb::ndarray<F> array(v.data, shape.size(), shape.data(), r.owner, v.strides.data(), dt, device_type,
-                       v.device.index);
-  return array.cast(nb::rv_policy::reference);
+  return nb::ndarray<F>(v.data, shape.size(), shape.data(), r.owner, v.strides.data(), dt, device_type,
+                        v.device.index);
+}
+
+template <typename F>
+nb::object wrap_as(const Allocation& r) {
+  return ndarray_of<F>(r).cast(nb::rv_policy::reference);
+}
+
+// A torch tensor from a bare DLPack capsule: torch.utils.dlpack.from_dlpack goes straight to
+// torch's C++ importer with one, where an array object costs it a round of Python checks.
+nb::object torch_tensor_of(const Allocation& r) {
+  static PyObject* from_dlpack = module_function("torch.utils.dlpack", "from_dlpack");
+  nb::object capsule = ndarray_of<nb::no_framework>(r).cast(nb::rv_policy::reference);
+  PyObject* tensor = PyObject_CallOneArg(from_dlpack, capsule.ptr());
+  if (!tensor) throw nb::python_error();
+  return nb::steal(tensor);
 }
 }  // namespace
 
 nb::object wrap(const Allocation& r, Framework framework) {
   switch (framework) {
-    case Framework::numpy: return wrap_as<nb::numpy>(r);
-    case Framework::torch: return wrap_as<nb::pytorch>(r);
+    case Framework::numpy:
+      if (nb::object array = numpy_wrap(r); array.is_valid()) return array;
+      return wrap_as<nb::numpy>(r);
+    case Framework::torch:
+      // CUDA results keep nanobind's route, whose __dlpack__ exchange is the one to trust there.
+      if (r.view.device.type == DeviceType::cpu) return torch_tensor_of(r);
+      return wrap_as<nb::pytorch>(r);
     case Framework::jax: return wrap_as<nb::jax>(r);
     case Framework::cupy: return wrap_as<nb::cupy>(r);
     case Framework::other: break;
   }
   // Unknown array kinds get NumPy on the CPU and elsewhere nanobind's array-API object, which
   // any DLPack consumer takes (__dlpack__, __dlpack_device__); no_framework would be a bare capsule.
-  if (r.view.device.type == DeviceType::cpu) return wrap_as<nb::numpy>(r);
+  if (r.view.device.type == DeviceType::cpu) {
+    if (nb::object array = numpy_wrap(r); array.is_valid()) return array;
+    return wrap_as<nb::numpy>(r);
+  }
   return wrap_as<nb::array_api>(r);
 }
 

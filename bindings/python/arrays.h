@@ -22,6 +22,16 @@ Framework framework_of(nb::handle obj);
 bool import_array(nb::handle obj, nb::ndarray<nb::ro>& out);
 TensorView view_of(const nb::ndarray<nb::ro>& array);
 
+// `module.name`, for a function-level static: looked up once and kept for the process's life
+// (the module's functions outlive any call). Called with the GIL held.
+PyObject* module_function(const char* module, const char* name);
+
+// A DLPack capsule of a torch CPU tensor from torch.utils.dlpack.to_dlpack (C++), not
+// Tensor.__dlpack__ (a Python wrapper: most of a small call's time); invalid for other tensors,
+// or where torch refuses, for the generic import to handle and word. The wrapper's checks
+// (gradients, the negative bit) are prepare_call's.
+nb::object torch_cpu_capsule(nb::handle tensor);
+
 // Allocates a result on `backend` (dense: `strides` a reordering of row-major ones), owned by
 // the returned capsule.
 struct Allocation {

@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "arrays.h"
+#include "numpy_arrays.h"
 #include "opforge/dispatch.h"
 
 namespace opforge::python {
@@ -21,6 +22,16 @@ std::string python_str(nb::handle obj) { return nb::cast<std::string>(nb::str(ob
 
 [[noreturn]] void arg_error(const OpDef& op, const ArgSpec& arg, const char* expected, nb::handle got) {
   fail(ErrorKind::type, op.name(), "(): '", arg.name, "' must be ", expected, ", got ", python_type_name(got));
+}
+
+// An array of a dtype opforge has no kernels for (complex, uint16), named as its framework
+// names it (torch's without the "torch." prefix, as the torch adapter says it).
+[[noreturn]] void unsupported_dtype(const OpDef& op, const ArgSpec& spec, nb::handle value,
+                                   const nb::dlpack::dtype& dtype) {
+  std::string got = str("DLPack dtype (code ", int(dtype.code), ", bits ", int(dtype.bits), ", lanes ", dtype.lanes, ")");
+  if (nb::hasattr(value, "dtype")) got = python_str(value.attr("dtype"));
+  if (got.starts_with("torch.")) got.erase(0, 6);
+  fail_unsupported_dtype(op, spec.name, got);
 }
 
 // numpy.bool_ (named "bool" since NumPy 2, so "must be a bool, got bool" would puzzle).
@@ -85,18 +96,22 @@ AttrValue attr_from_python(const OpDef& op, const ArgSpec& arg, nb::handle value
 namespace {
 
 // Orders positional and keyword arguments by the schema, like a Python signature would.
-std::vector<nb::handle> bind(const OpDef& op, const nb::args& args, const nb::kwargs& kwargs) {
+std::vector<nb::handle> bind(const OpDef& op, const CallArgs& args) {
   const auto& specs = op.schema().args;
-  if (args.size() > specs.size())
-    fail(ErrorKind::type, op.name(), "() takes ", specs.size(), " arguments but ", args.size(), " were given");
+  if (args.positional > specs.size())
+    fail(ErrorKind::type, op.name(), "() takes ", specs.size(), " arguments but ", args.positional, " were given");
   std::vector<nb::handle> bound(specs.size());
-  for (size_t i = 0; i < args.size(); ++i) bound[i] = args[i];
-  for (auto [key, value] : kwargs) {
-    std::string name = nb::cast<std::string>(key);
-    int64_t i = op.schema().arg_index(name);
+  for (size_t i = 0; i < args.positional; ++i) bound[i] = args.values[i];
+  const size_t keywords = args.keywords ? static_cast<size_t>(PyTuple_GET_SIZE(args.keywords)) : 0;
+  for (size_t k = 0; k < keywords; ++k) {
+    Py_ssize_t length = 0;
+    const char* text = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(args.keywords, k), &length);
+    if (!text) throw nb::python_error();
+    const std::string_view name(text, static_cast<size_t>(length));
+    const int64_t i = op.schema().arg_index(name);
     if (i < 0) fail(ErrorKind::type, op.name(), "() got an unexpected keyword argument '", name, "'");
     if (bound[i].ptr()) fail(ErrorKind::type, op.name(), "() got multiple values for argument '", name, "'");
-    bound[i] = value;
+    bound[i] = args.values[args.positional + k];
   }
   for (size_t i = 0; i < specs.size(); ++i)
     if (!bound[i].ptr() && !specs[i].has_default())
@@ -104,14 +119,40 @@ std::vector<nb::handle> bind(const OpDef& op, const nb::args& args, const nb::kw
   return bound;
 }
 
+// A torch tensor's DLPack capsule (invalid where the generic import should take the tensor),
+// after the checks an export cannot make: DLPack carries neither autograd nor the negative bit,
+// and to_dlpack (ours for CPU tensors, nanobind's fallback for others) exports such a tensor
+// anyway, so the result would silently carry no gradient or the wrong sign.
+nb::object checked_torch_capsule(const OpDef& op, const ArgSpec& spec, nb::handle value) {
+  static PyObject* is_grad_enabled = module_function("torch", "is_grad_enabled");
+  if (nb::cast<bool>(value.attr("requires_grad")) && nb::cast<bool>(nb::handle(is_grad_enabled)()))
+    fail(ErrorKind::type, op.name(), "(): '", spec.name,
+         "' is a torch tensor that requires grad; call .detach() first, or use torch.ops.opforge for autograd");
+  // (The conjugate bit exists only on complex tensors, which the dtype check refuses.)
+  if (nb::cast<bool>(value.attr("is_neg")()))
+    fail(ErrorKind::type, op.name(), "(): '", spec.name,
+         "' is a torch tensor with its negative bit set (a lazy negation); call .resolve_neg() first");
+  return torch_cpu_capsule(value);
+}
+
 }  // namespace
 
-PreparedCall prepare_call(const OpDef& op, const nb::args& args, const nb::kwargs& kwargs) {
-  const std::vector<nb::handle> bound = bind(op, args, kwargs);
+CallArgs call_args(const nb::args& args, const nb::kwargs& kwargs, CallArgsStorage& storage) {
+  for (nb::handle value : args) storage.values.push_back(value.ptr());
+  nb::list names;
+  for (auto [name, value] : kwargs) {
+    names.append(name);
+    storage.values.push_back(value.ptr());
+  }
+  storage.keywords = nb::tuple(names);
+  return {storage.values.data(), args.size(), storage.keywords.ptr()};
+}
+
+PreparedCall prepare_call(const OpDef& op, const CallArgs& args) {
+  const std::vector<nb::handle> bound = bind(op, args);
   const auto& specs = op.schema().args;
   PreparedCall call;
   OpInputs& inputs = call.inputs;
-  call.arrays.reserve(specs.size());
   bool have_framework = false;
   for (size_t i = 0; i < specs.size(); ++i) {
     const ArgSpec& spec = specs[i];
@@ -125,21 +166,23 @@ PreparedCall prepare_call(const OpDef& op, const nb::args& args, const nb::kwarg
       inputs.tensors.emplace_back(std::nullopt);
       continue;
     }
-    // Checked before the import: nanobind falls back to torch.utils.dlpack.to_dlpack, which
-    // exports such a tensor anyway, and the result would silently carry no gradient.
-    if (framework_of(value) == Framework::torch) {
-      if (nb::cast<bool>(value.attr("requires_grad")) &&
-          nb::cast<bool>(nb::module_::import_("torch").attr("is_grad_enabled")()))
-        fail(ErrorKind::type, op.name(), "(): '", spec.name,
-             "' is a torch tensor that requires grad; call .detach() first, or use torch.ops.opforge for autograd");
-      // to_dlpack exports the memory without the lazy negation this bit stands for. (The
-      // conjugate bit exists only on complex tensors, which the dtype check refuses.)
-      if (nb::cast<bool>(value.attr("is_neg")()))
-        fail(ErrorKind::type, op.name(), "(): '", spec.name,
-             "' is a torch tensor with its negative bit set (a lazy negation); call .resolve_neg() first");
+    const Framework framework = framework_of(value);
+    if (!have_framework) {
+      call.framework = framework;
+      have_framework = true;
     }
+    if (framework == Framework::numpy) {
+      TensorView view;
+      if (numpy_view(value, view)) {
+        inputs.tensors.emplace_back(std::move(view));
+        continue;
+      }
+    }
+    // A torch CPU tensor is imported from to_dlpack's capsule (checked first); others directly.
+    nb::object capsule = framework == Framework::torch ? checked_torch_capsule(op, spec, value) : nb::object();
+    nb::handle source = capsule.is_valid() ? nb::handle(capsule) : value;
     call.arrays.emplace_back();
-    if (!import_array(value, call.arrays.back())) {
+    if (!import_array(source, call.arrays.back())) {
       // An array DLPack cannot express (byte order, dtype, device) is still an array: say which.
       if (nb::hasattr(value, "dtype") && nb::hasattr(value, "device"))
         fail(ErrorKind::type, op.name(), "(): '", spec.name, "' is a ", python_type_name(value), " with dtype ",
@@ -147,18 +190,16 @@ PreparedCall prepare_call(const OpDef& op, const nb::args& args, const nb::kwarg
              ", which opforge cannot read without a copy");
       arg_error(op, spec, "an array (NumPy, torch, JAX, CuPy, or any DLPack or buffer-protocol object)", value);
     }
+    const nb::dlpack::dtype dtype = call.arrays.back().dtype();
+    if (!dtype_from_dlpack({dtype.code, dtype.bits, dtype.lanes})) unsupported_dtype(op, spec, value, dtype);
     try {
       inputs.tensors.emplace_back(view_of(call.arrays.back()));
     } catch (const Error& e) {
       fail(e.kind(), op.name(), "(): '", spec.name, "' has ", e.what());  // e.g. a complex dtype
     }
     // A JAX GPU array may still be computing on a stream we cannot see: wait for it.
-    if (inputs.tensors.back()->device.type == DeviceType::cuda && framework_of(value) == Framework::jax)
+    if (inputs.tensors.back()->device.type == DeviceType::cuda && framework == Framework::jax)
       value.attr("block_until_ready")();
-    if (!have_framework) {
-      call.framework = framework_of(value);
-      have_framework = true;
-    }
   }
   call.outputs = infer_outputs(op, inputs);
   call.selection = select_kernel(op, inputs);
@@ -182,7 +223,7 @@ nb::list infer_call(const OpDef& op, const nb::sequence& tensors, const nb::dict
       try {
         view.dtype = dtype_from_name(dtype);
       } catch (const Error&) {
-        fail(ErrorKind::type, op.name(), "(): '", spec.name, "' has dtype ", dtype, ", which opforge does not support");
+        fail_unsupported_dtype(op, spec.name, dtype);
       }
       // (shape, dtype[, device[, strides]]): strides default to row-major.
       view.strides = nb::len(meta) > 3 && !meta[3].is_none() ? nb::cast<std::vector<int64_t>>(meta[3])
@@ -211,8 +252,8 @@ nb::list infer_call(const OpDef& op, const nb::sequence& tensors, const nb::dict
   return out;
 }
 
-nb::object call_op(const OpDef& op, nb::args args, nb::kwargs kwargs) {
-  const PreparedCall call = prepare_call(op, args, kwargs);
+nb::object call_op(const OpDef& op, const CallArgs& args) {
+  const PreparedCall call = prepare_call(op, args);
   const OpInputs& inputs = call.inputs;
   const Selection& selection = call.selection;
   const Outputs& specs_out = call.outputs;

@@ -20,7 +20,22 @@ struct PreparedCall {
   Selection selection{nullptr, nullptr};
 };
 
-PreparedCall prepare_call(const OpDef& op, const nanobind::args& args, const nanobind::kwargs& kwargs);
+// A call's arguments as Python's vectorcall protocol hands them over: the positional values,
+// then the keyword values, whose names are in `keywords` (a tuple of str, or null).
+struct CallArgs {
+  PyObject* const* values = nullptr;
+  size_t positional = 0;
+  PyObject* keywords = nullptr;
+};
+
+// The same from nanobind's *args and **kwargs; `storage` holds the values and names.
+struct CallArgsStorage {
+  std::vector<PyObject*> values;
+  nanobind::object keywords;
+};
+CallArgs call_args(const nanobind::args& args, const nanobind::kwargs& kwargs, CallArgsStorage& storage);
+
+PreparedCall prepare_call(const OpDef& op, const CallArgs& args);
 
 // Binds one Python value to a non-tensor schema argument; TypeError on the wrong kind.
 AttrValue attr_from_python(const OpDef& op, const ArgSpec& arg, nanobind::handle value);
@@ -32,6 +47,6 @@ AttrValue attr_from_python(const OpDef& op, const ArgSpec& arg, nanobind::handle
 // the same checks and messages as eager calls.
 nanobind::list infer_call(const OpDef& op, const nanobind::sequence& tensors, const nanobind::dict& attrs);
 
-nanobind::object call_op(const OpDef& op, nanobind::args args, nanobind::kwargs kwargs);
+nanobind::object call_op(const OpDef& op, const CallArgs& args);
 
 }  // namespace opforge::python

@@ -7,6 +7,7 @@
 #include <nanobind/stl/variant.h>
 
 #include "call.h"
+#include "function.h"
 #include "opforge/dispatch.h"
 #ifdef OPFORGE_WITH_CUDA
 #include "opforge/cuda/blaslt.h"
@@ -120,11 +121,19 @@ NB_MODULE(_core, m) {
 
   nb::class_<PyOp>(m, "Op")
       .def("__call__", [](const PyOp& self, nb::args args, nb::kwargs kwargs) {
-        return python::call_op(*self.op, std::move(args), std::move(kwargs));
+        python::CallArgsStorage storage;
+        return python::call_op(*self.op, python::call_args(args, kwargs, storage));
       })
+      .def("fail_unsupported_dtype",
+           [](const PyOp& self, const std::string& arg, const std::string& got) {
+             fail_unsupported_dtype(*self.op, arg, got);
+           },
+           nb::arg("arg"), nb::arg("got"),
+           "Raises the TypeError every frontend raises for an argument of a dtype opforge lacks.")
       .def("backend_for",
            [](const PyOp& self, nb::args args, nb::kwargs kwargs) {
-             return python::prepare_call(*self.op, args, kwargs).selection.backend->name();
+             python::CallArgsStorage storage;
+             return python::prepare_call(*self.op, python::call_args(args, kwargs, storage)).selection.backend->name();
            },
            "The backend a call with these arguments would run on (validates, runs nothing).")
       .def("infer",
@@ -180,6 +189,9 @@ NB_MODULE(_core, m) {
   m.def("registration_errors", &registration_errors,
         "Ops whose declaration failed at load time (bad schema, duplicate name).");
   m.def("seal_ops", &seal_ops, "Freezes the kernel lists of the ops registered so far (before a plugin loads).");
+  python::register_function_type(m);
+  m.def("function", [](const PyOp& op) { return python::make_function(*op.op); }, nb::arg("op"),
+        "A Function calling `op` (what opforge.<op> is).");
   m.def("op", [](const std::string& name) { return PyOp{&find_op(name)}; }, nb::arg("name"),
         "The registered op `name`.");
   m.def("op_names", [] {

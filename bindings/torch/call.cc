@@ -64,7 +64,7 @@ std::string unsupported_dtype_name(int32_t code) {
   };
   for (const auto& [c, name] : names)
     if (c == code) return name;
-  return str("with torch code ", code);
+  return str("torch dtype code ", code);
 }
 
 int32_t torch_dtype(DType dtype) {
@@ -85,9 +85,7 @@ TensorView view_of(const OpDef& op, const ArgSpec& spec, AtenTensorHandle t, std
       view.dtype = c.dtype;
       known = true;
     }
-  if (!known)
-    fail(ErrorKind::type, op.name(), "(): '", spec.name, "' has dtype ", unsupported_dtype_name(code),
-         ", which opforge does not support");
+  if (!known) fail_unsupported_dtype(op, spec.name, unsupported_dtype_name(code));
   int32_t device_type = 0;
   check(aoti_torch_get_device_type(t, &device_type), "aoti_torch_get_device_type");
   check(aoti_torch_get_device_index(t, &view.device.index), "aoti_torch_get_device_index");

@@ -28,6 +28,11 @@ Selection select_kernel(const OpDef& op, const OpInputs& inputs);
 // The device all tensor inputs share (cpu for an op without tensors).
 Device device_of(const OpInputs& inputs);
 
+// Adapters meet dtypes opforge has no kernels for at all (complex, int16, float8) before the
+// validator can: Error(type) in its words for a wrong dtype, "<op>(): '<arg>' must have dtype in
+// [<the argument's dtypes>], got <got>" (every opforge dtype where the argument names none).
+[[noreturn]] void fail_unsupported_dtype(const OpDef& op, std::string_view arg, std::string_view got);
+
 // Adapters allocate the results themselves (from the backend or the framework): a failure
 // there (out of memory) leaves as Error(runtime) "<op>(): cannot allocate its results: <why>".
 [[noreturn]] void fail_result_allocation(const OpDef& op, const std::exception& error);

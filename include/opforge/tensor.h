@@ -5,6 +5,7 @@
 #include <dlpack/dlpack.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "opforge/device.h"
@@ -43,6 +44,8 @@ std::vector<int64_t> broadcast_strides(const TensorView& t, const std::vector<in
 // A view of a DLPack tensor (no copy). Throws Error(type) for dtypes or devices opforge
 // does not know; the byte offset is folded into the data pointer.
 TensorView from_dlpack(const DLTensor& tensor);
+// The opforge dtype of a DLPack dtype; nullopt where opforge has none (complex, uint16, ...).
+std::optional<DType> dtype_from_dlpack(DLDataType dtype);
 
 // DLPack's type code for `dtype` (kDLFloat, kDLBfloat, ...); bits are dtype_size() * 8.
 uint8_t dlpack_type_code(DType dtype);

@@ -68,11 +68,9 @@ def _signature(op: _core.Op) -> _inspect.Signature:
 
 
 def _make_function(op: _core.Op):
-    # The Op object does the binding and validation in C++; this wrapper only carries the
-    # name, signature and docstring that help() and IDEs show.
-    def function(*args, **kwargs):
-        return op(*args, **kwargs)
-
+    # A C++ callable (vectorcall: no Python frame, no argument tuple) that binds, validates and
+    # runs; the package gives it the name, signature and docstring that help() and IDEs show.
+    function = _core.function(op)
     function.__name__ = function.__qualname__ = op.name
     function.__module__ = __name__
     function.__signature__ = _signature(op)

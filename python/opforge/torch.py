@@ -243,9 +243,8 @@ def _fake_kernel(op: _Op):
         values = op.bind(args, kwargs)
         tensors = [values[n] for n in op.tensor_names]
         for name, t in zip(op.tensor_names, tensors):
-            if t is not None and t.dtype not in _DTYPE_NAMES:  # as the C++ kernel says it
-                raise TypeError(f"{op.name}(): '{name}' has dtype {str(t.dtype).removeprefix('torch.')}, "
-                                "which opforge does not support")
+            if t is not None and t.dtype not in _DTYPE_NAMES:  # TypeError, as the C++ kernel says it
+                _core.op(op.name).fail_unsupported_dtype(name, str(t.dtype).removeprefix("torch."))
         # Real tensors reach this kernel on torch's Meta key, even mixed with CPU ones (whose
         # results it would make, unfilled): every device must agree, as in the C++ validator.
         placed = [(n, t.device) for n, t in zip(op.tensor_names, tensors) if t is not None]

@@ -58,7 +58,7 @@ USER_ERRORS = [
     (lambda: opforge.add_one("abc"), TypeError, r"add_one\(\): 'x' must be an array .*, got str"),
     (lambda: opforge.add(None, X), TypeError, r"add\(\): 'x' must be an array, got NoneType"),
     # arrays this path cannot read in place: dtypes outside DLPack's set, byte order, devices
-    (lambda: opforge.add_one(X.astype(np.complex64)), TypeError, r"add_one\(\): 'x' has unsupported DLPack dtype"),
+    (lambda: opforge.add_one(X.astype(np.complex64)), TypeError, r"add_one\(\): 'x' must have dtype in \[float32, .*\], got complex64$"),
     (lambda: opforge.add_one(X.astype(">f4")), TypeError,
      r"add_one\(\): 'x' is a ndarray with dtype >f4 on cpu, which opforge cannot read without a copy"),
     (lambda: opforge.add_one(torch.ones(3, device="meta")), TypeError,

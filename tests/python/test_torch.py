@@ -191,7 +191,7 @@ BAD = [
      "add(): 'x' of shape [2, 3] and 'y' of shape [4] cannot be broadcast together"),
     (lambda: ot.rms_norm(torch.ones(2, 4), torch.ones(4), eps=-1.0), ValueError, "rms_norm(): 'eps' must be >= 0"),
     (lambda: ot.add_one(torch.ones(3, dtype=torch.complex64)), TypeError,
-     "add_one(): 'x' has dtype complex64, which opforge does not support"),
+     "add_one(): 'x' must have dtype in [float32, float64, float16, bfloat16, int32, int64], got complex64"),
 ]
 
 

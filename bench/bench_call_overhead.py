@@ -1,0 +1,106 @@
+"""What one call of opforge.<op> (the generic adapter) costs on a small array: on NumPy arrays
+against NumPy itself, and on torch tensors (through DLPack) against torch eager. The torch
+adapter's own ways in (opforge.torch, torch.ops.opforge) are bench_torch.py's.
+
+    python bench/bench_call_overhead.py [--samples 60] [--calls 200]
+
+Why: at a few elements the kernel is nothing and the call is everything (binding arguments,
+reading array metadata, validating, allocating and wrapping the result). The NumPy rows compare
+with what a NumPy user writes instead: one ufunc for add and relu, NumPy compositions for
+rms_norm and softmax (several ufuncs, each a call). opforge runs one thread here, like NumPy.
+
+Each sample times `--calls` back-to-back calls (perf_counter's own cost would swamp one call);
+the cases and both sides take turns, sample by sample, `--samples` times after one warm-up
+sweep, and the table gives each one's median. µs per call; speedup
+= the competitor's time / opforge's (> 1: opforge faster). Writes bench/results/call_overhead_cpu.csv
+and .png.
+"""
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+import common
+import opforge
+
+EPS = 1e-6
+
+
+def np_rms_norm(x, w):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + EPS) * w
+
+
+def np_softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def cases(shape):
+    """(label, opforge call, competitor name, competitor call) on fresh float32 inputs of `shape`."""
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal(shape[-1:]).astype(np.float32)
+    t, u = torch.from_numpy(x.copy()), torch.from_numpy(y.copy())
+    return [
+        ("add, NumPy", lambda: opforge.add(x, y), "NumPy", lambda: np.add(x, y)),
+        ("relu, NumPy", lambda: opforge.relu(x), "NumPy", lambda: np.maximum(x, 0)),
+        ("rms_norm, NumPy", lambda: opforge.rms_norm(x, w, EPS), "NumPy", lambda: np_rms_norm(x, w)),
+        ("softmax, NumPy", lambda: opforge.softmax(x), "NumPy", lambda: np_softmax(x)),
+        ("add, torch tensors", lambda: opforge.add(t, u), "torch eager", lambda: torch.add(t, u)),
+    ]
+
+
+def check(label, ours, theirs):
+    got, want = ours(), theirs()
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-6, err_msg=label)
+
+
+def batch_us(fn, calls: int) -> float:
+    """µs per call over `calls` back-to-back calls."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=60)
+    parser.add_argument("--calls", type=int, default=200)
+    args = parser.parse_args()
+    opforge.set_num_threads(1)
+    torch.set_num_threads(1)
+    print(f"{common.machine()}; opforge {opforge.__version__} ({opforge.simd_target()}), NumPy {np.__version__}, "
+          f"torch {torch.__version__}; float32, one thread")
+    sizes = {"1": (1,), "8x16": (8, 16)}
+    runs = [(size, *case) for size, shape in sizes.items() for case in cases(shape)]
+    for size, label, ours, _, theirs in runs:
+        check(f"{label} {size}", ours, theirs)
+    # Interleaved: one batch of each case and side in turn, so the machine's noise hits all alike.
+    times = {}
+    for sweep in range(args.samples + 1):
+        for size, label, ours, rival, theirs in runs:
+            for impl, fn in (("opforge", ours), (rival, theirs)):
+                us = batch_us(fn, args.calls)
+                if sweep:  # the first sweep warms up
+                    times.setdefault((size, label, impl), []).append(us)
+    rows = []
+    print(f"\n{'case':<24} {'size':<5} {'opforge µs':>10} {'rival':<12} {'rival µs':>9} {'speedup':>8}")
+    for size, label, _, rival, _ in runs:
+        ours, theirs = (statistics.median(times[(size, label, i)]) for i in ("opforge", rival))
+        print(f"{label:<24} {size:<5} {ours:>10.2f} {rival:<12} {theirs:>9.2f} {theirs / ours:>7.2f}x")
+        for impl, us in (("opforge", ours), (rival, theirs)):
+            rows.append({"case": label, "size": size, "impl": impl, "us_per_call": round(us, 3),
+                         "opforge_speedup": round(theirs / ours, 3)})
+    print(f"\nwrote {common.write_csv('call_overhead_cpu', rows)}")
+    groups = [f"{label} {size}" for size, label, *_ in runs]
+    series = {"opforge": [r["us_per_call"] for r in rows if r["impl"] == "opforge"],
+              "NumPy / torch eager": [r["us_per_call"] for r in rows if r["impl"] != "opforge"]}
+    print(f"wrote {common.bar_plot('call_overhead_cpu', 'µs per call on small float32 arrays (lower is better)', groups, series, 'µs')}")
+
+
+if __name__ == "__main__":
+    main()
