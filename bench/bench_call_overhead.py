@@ -99,7 +99,8 @@ def main():
     groups = [f"{label} {size}" for size, label, *_ in runs]
     series = {"opforge": [r["us_per_call"] for r in rows if r["impl"] == "opforge"],
               "NumPy / torch eager": [r["us_per_call"] for r in rows if r["impl"] != "opforge"]}
-    print(f"wrote {common.bar_plot('call_overhead_cpu', 'µs per call on small float32 arrays (lower is better)', groups, series, 'µs')}")
+    title = "µs per call on small float32 arrays (lower is better)"
+    print(f"wrote {common.bar_plot('call_overhead_cpu', title, groups, series, 'µs')}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ void check_tensor(const OpDef& op, const OpInputs& in, int64_t slot, const Tenso
   const std::string& name = op.tensor_name(slot);
   const TensorConstraint& c = op.constraint(slot);
   if (!c.dtypes.empty() && std::find(c.dtypes.begin(), c.dtypes.end(), t.dtype) == c.dtypes.end())
-    ctx.fail(ErrorKind::type, "'", name, "' must have dtype ", expected_dtypes(c.dtypes), ", got ", dtype_name(t.dtype));
+    ctx.fail(ErrorKind::type, "'", name, "' must have dtype ", expected_dtypes(c.dtypes), ", got ",
+             dtype_name(t.dtype));
   if (!c.same_dtype_as.empty()) {
     const auto& other = in.tensors[op.tensor_slot(c.same_dtype_as)];
     if (other && other->dtype != t.dtype)

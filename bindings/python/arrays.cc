@@ -34,14 +34,15 @@ bool import_array(nb::handle obj, nb::ndarray<nb::ro>& out) {
   return nb::try_cast(obj, out, false);
 }
 
-PyObject* module_function(const char* module, const char* name) {
-  return nb::object(nb::module_::import_(module).attr(name)).release().ptr();
+PyObject* module_function(PyObject*& cache, const char* module, const char* name) {
+  if (!cache) cache = nb::object(nb::module_::import_(module).attr(name)).release().ptr();
+  return cache;
 }
 
 nb::object torch_cpu_capsule(nb::handle tensor) {
   if (!nb::cast<bool>(tensor.attr("is_cpu"))) return nb::object();
-  static PyObject* to_dlpack = module_function("torch.utils.dlpack", "to_dlpack");
-  PyObject* capsule = PyObject_CallOneArg(to_dlpack, tensor.ptr());
+  static PyObject* to_dlpack = nullptr;
+  PyObject* capsule = PyObject_CallOneArg(module_function(to_dlpack, "torch.utils.dlpack", "to_dlpack"), tensor.ptr());
   if (!capsule) PyErr_Clear();  // e.g. a sparse tensor: the generic import says what it is
   return nb::steal(capsule);
 }
@@ -109,9 +110,10 @@ nb::object wrap_as(const Allocation& r) {
 // A torch tensor from a bare DLPack capsule: torch.utils.dlpack.from_dlpack goes straight to
 // torch's C++ importer with one, where an array object costs it a round of Python checks.
 nb::object torch_tensor_of(const Allocation& r) {
-  static PyObject* from_dlpack = module_function("torch.utils.dlpack", "from_dlpack");
+  static PyObject* from_dlpack = nullptr;
   nb::object capsule = ndarray_of<nb::no_framework>(r).cast(nb::rv_policy::reference);
-  PyObject* tensor = PyObject_CallOneArg(from_dlpack, capsule.ptr());
+  PyObject* tensor =
+      PyObject_CallOneArg(module_function(from_dlpack, "torch.utils.dlpack", "from_dlpack"), capsule.ptr());
   if (!tensor) throw nb::python_error();
   return nb::steal(tensor);
 }

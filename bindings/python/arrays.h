@@ -22,9 +22,11 @@ Framework framework_of(nb::handle obj);
 bool import_array(nb::handle obj, nb::ndarray<nb::ro>& out);
 TensorView view_of(const nb::ndarray<nb::ro>& array);
 
-// `module.name`, for a function-level static: looked up once and kept for the process's life
-// (the module's functions outlive any call). Called with the GIL held.
-PyObject* module_function(const char* module, const char* name);
+// `module.name`, looked up on first use into `cache` and kept for the process's life (the
+// module's functions outlive any call). Called with the GIL held. Not a C++ function-level
+// static: its initialization guard, held while the lookup may release the GIL, would deadlock
+// against a thread that holds the GIL and waits on the guard.
+PyObject* module_function(PyObject*& cache, const char* module, const char* name);
 
 // A DLPack capsule of a torch CPU tensor from torch.utils.dlpack.to_dlpack (C++), not
 // Tensor.__dlpack__ (a Python wrapper: most of a small call's time); invalid for other tensors,

@@ -28,7 +28,8 @@ std::string python_str(nb::handle obj) { return nb::cast<std::string>(nb::str(ob
 // names it (torch's without the "torch." prefix, as the torch adapter says it).
 [[noreturn]] void unsupported_dtype(const OpDef& op, const ArgSpec& spec, nb::handle value,
                                    const nb::dlpack::dtype& dtype) {
-  std::string got = str("DLPack dtype (code ", int(dtype.code), ", bits ", int(dtype.bits), ", lanes ", dtype.lanes, ")");
+  std::string got =
+      str("DLPack dtype (code ", int(dtype.code), ", bits ", int(dtype.bits), ", lanes ", dtype.lanes, ")");
   if (nb::hasattr(value, "dtype")) got = python_str(value.attr("dtype"));
   if (got.starts_with("torch.")) got.erase(0, 6);
   fail_unsupported_dtype(op, spec.name, got);
@@ -124,8 +125,9 @@ std::vector<nb::handle> bind(const OpDef& op, const CallArgs& args) {
 // and to_dlpack (ours for CPU tensors, nanobind's fallback for others) exports such a tensor
 // anyway, so the result would silently carry no gradient or the wrong sign.
 nb::object checked_torch_capsule(const OpDef& op, const ArgSpec& spec, nb::handle value) {
-  static PyObject* is_grad_enabled = module_function("torch", "is_grad_enabled");
-  if (nb::cast<bool>(value.attr("requires_grad")) && nb::cast<bool>(nb::handle(is_grad_enabled)()))
+  static PyObject* is_grad_enabled = nullptr;
+  if (nb::cast<bool>(value.attr("requires_grad")) &&
+      nb::cast<bool>(nb::handle(module_function(is_grad_enabled, "torch", "is_grad_enabled"))()))
     fail(ErrorKind::type, op.name(), "(): '", spec.name,
          "' is a torch tensor that requires grad; call .detach() first, or use torch.ops.opforge for autograd");
   // (The conjugate bit exists only on complex tensors, which the dtype check refuses.)

@@ -106,7 +106,8 @@ def test_a_result_keeps_the_inputs_layout(rng):
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda x: x.astype(">f4"), r"add\(\): 'x' is a ndarray with dtype >f4 on cpu, which opforge cannot read without a copy"),
+    (lambda x: x.astype(">f4"),
+     r"add\(\): 'x' is a ndarray with dtype >f4 on cpu, which opforge cannot read without a copy"),
     (lambda x: np.ndarray((3,), np.float32, buffer=np.zeros(20, np.uint8), strides=(5,)),
      r"add\(\): 'x' is a ndarray with dtype float32 on cpu, which opforge cannot read without a copy"),
     (lambda x: x.astype(np.complex64), r"add\(\): 'x' must have dtype in \[float32, .*int64\], got complex64$"),
