@@ -6,6 +6,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <optional>
+#include <string>
 
 #include "opforge/dtype.h"
 
@@ -24,6 +25,23 @@ inline std::optional<DType> dtype_of(at::ScalarType type) {
     case at::kLong: return DType::int64;
     case at::kBool: return DType::boolean;
     default: return std::nullopt;
+  }
+}
+
+// A scalar type's name as torch's Python spells it (complex64, not ComplexFloat), for the error
+// about one opforge lacks; ATen's own name for those not listed.
+inline std::string python_name_of(at::ScalarType type) {
+  switch (type) {
+    case at::kShort: return "int16";
+    case at::kUInt16: return "uint16";
+    case at::kUInt32: return "uint32";
+    case at::kUInt64: return "uint64";
+    case at::kComplexHalf: return "complex32";
+    case at::kComplexFloat: return "complex64";
+    case at::kComplexDouble: return "complex128";
+    case at::kFloat8_e4m3fn: return "float8_e4m3fn";
+    case at::kFloat8_e5m2: return "float8_e5m2";
+    default: return c10::toString(type);
   }
 }
 

@@ -59,7 +59,7 @@ Bound bind(const OpDef& op, const c10::FunctionSchema& schema, torch::jit::Stack
           first = spec.name;
         }
         const auto dtype = dtype_of(t.scalar_type());
-        if (!dtype) fail_unsupported_dtype(op, spec.name, c10::toString(t.scalar_type()));
+        if (!dtype) fail_unsupported_dtype(op, spec.name, aten::python_name_of(t.scalar_type()));
         // Forge memory is host memory: opforge's CPU backend runs on it (from a stream's worker).
         b.inputs.tensors.emplace_back(TensorView{t.data_ptr(), *dtype, Device{DeviceType::cpu, 0},
                                                  t.sizes().vec(), t.strides().vec()});

@@ -204,6 +204,9 @@ def test_opforge_op_bad_input_raises(rng):
     x = torch.from_numpy(rng.standard_normal((4, 8))).float().to("forge")
     with pytest.raises(ValueError, match="rms_norm\\(\\): 'weight'"):
         torch.ops.opforge.rms_norm(x, torch.ones(7, device="forge"))
+    with pytest.raises(TypeError, match="^add_one\\(\\): 'x' must have dtype in \\[float32, float64, float16, "
+                                        "bfloat16, int32, int64\\], got complex64$"):
+        torch.ops.opforge.add_one(x.to(torch.complex64))
 
 
 # ---- autograd, RNG, streams, memory ----------------------------------------------------------
