@@ -117,13 +117,17 @@ nb::object torch_tensor_of(const Allocation& r) {
   if (!tensor) throw nb::python_error();
   return nb::steal(tensor);
 }
+
+// A NumPy array: through NumPy's C API, else (bfloat16) through nanobind's DLPack export.
+nb::object numpy_array(const Allocation& r) {
+  if (nb::object array = numpy_wrap(r); array.is_valid()) return array;
+  return wrap_as<nb::numpy>(r);
+}
 }  // namespace
 
 nb::object wrap(const Allocation& r, Framework framework) {
   switch (framework) {
-    case Framework::numpy:
-      if (nb::object array = numpy_wrap(r); array.is_valid()) return array;
-      return wrap_as<nb::numpy>(r);
+    case Framework::numpy: return numpy_array(r);
     case Framework::torch:
       // CUDA results keep nanobind's route, whose __dlpack__ exchange is the one to trust there.
       if (r.view.device.type == DeviceType::cpu) return torch_tensor_of(r);
@@ -134,10 +138,7 @@ nb::object wrap(const Allocation& r, Framework framework) {
   }
   // Unknown array kinds get NumPy on the CPU and elsewhere nanobind's array-API object, which
   // any DLPack consumer takes (__dlpack__, __dlpack_device__); no_framework would be a bare capsule.
-  if (r.view.device.type == DeviceType::cpu) {
-    if (nb::object array = numpy_wrap(r); array.is_valid()) return array;
-    return wrap_as<nb::numpy>(r);
-  }
+  if (r.view.device.type == DeviceType::cpu) return numpy_array(r);
   return wrap_as<nb::array_api>(r);
 }
 

@@ -197,7 +197,7 @@ PreparedCall prepare_call(const OpDef& op, const CallArgs& args) {
     try {
       inputs.tensors.emplace_back(view_of(call.arrays.back()));
     } catch (const Error& e) {
-      fail(e.kind(), op.name(), "(): '", spec.name, "' has ", e.what());  // e.g. a complex dtype
+      fail(e.kind(), op.name(), "(): '", spec.name, "' has ", e.what());  // e.g. a device DLPack has, opforge not
     }
     // A JAX GPU array may still be computing on a stream we cannot see: wait for it.
     if (inputs.tensors.back()->device.type == DeviceType::cuda && framework == Framework::jax)
