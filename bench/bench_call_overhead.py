@@ -1,6 +1,7 @@
-"""What one call of opforge.<op> (the generic adapter) costs on a small array: on NumPy arrays
-against NumPy itself, and on torch tensors (through DLPack) against torch eager. The torch
-adapter's own ways in (opforge.torch, torch.ops.opforge) are bench_torch.py's.
+"""What one call of opforge.<op> costs on a small array: on NumPy arrays (the generic adapter)
+against NumPy itself, and on torch tensors (which it hands to opforge.torch.<op>) against torch
+eager. The torch adapter's other ways in (torch.ops.opforge, the generic DLPack path on torch
+tensors) are bench_torch.py's.
 
     python bench/bench_call_overhead.py [--samples 60] [--calls 200]
 

@@ -8,12 +8,14 @@ native op called through torch.ops (torch.ops.aten.add.Tensor, the like-for-like
 entry). Paths: torch.ops.opforge.add (the dispatcher, then opforge's C++ autograd kernel from
 libopforge_torch_native, then the stable-ABI CPU kernel), opforge.torch.add (the direct call:
 plain CPU tensors that need no gradient go straight to opforge's validator and kernel),
-opforge.add (the generic DLPack call), and each under torch.inference_mode (no autograd key).
+opforge.add (which hands torch tensors to opforge.torch.add), the generic DLPack call on torch
+tensors (a function made without that route: what opforge.add cost before it had one), and
+each under torch.inference_mode (no autograd key).
 
 Throughput: each op with a torch reference at 4096x4096 float32 (64 MiB per input), opforge
 through torch.ops.opforge against the reference in torch eager, on the same thread count: GB/s
 (bytes read + written once) and opforge's speedup (torch time / opforge time).
-Writes bench/results/torch_cpu.csv and torch_cpu.png.
+Writes bench/results/torch_cpu.csv and torch_cpu.png (--results names others).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def overhead(repeats: int, calls: int) -> dict[str, float]:
     with torch.inference_mode():
         ai, bi = torch.ones(1), torch.ones(1)
     aten, ours = torch.ops.aten.add.Tensor, torch.ops.opforge.add
+    generic = opforge._core.function(opforge._core.op("add"))  # no route to opforge.torch
 
     def inference(fn):
         def run():
@@ -51,7 +54,8 @@ def overhead(repeats: int, calls: int) -> dict[str, float]:
         "torch.ops.aten.add": lambda: aten(a, b),
         "torch.ops.opforge.add": lambda: ours(a, b),
         "opforge.torch.add": lambda: opforge.torch.add(a, b),
-        "opforge.add (generic)": lambda: opforge.add(a, b),
+        "opforge.add": lambda: opforge.add(a, b),
+        "generic DLPack path": lambda: generic(a, b),
         "inference_mode torch.add": inference(torch.add),
         "inference_mode torch.ops.aten.add": inference(aten),
         "inference_mode torch.ops.opforge.add": inference(ours),
@@ -104,7 +108,7 @@ def throughput(repeats: int) -> list[dict]:
     return rows
 
 
-def plot(times: dict[str, float], rows: list[dict]):
+def plot(times: dict[str, float], rows: list[dict], name: str = "torch_cpu"):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,7 +129,7 @@ def plot(times: dict[str, float], rows: list[dict]):
     right.set_title("throughput")
     right.legend(fontsize=8)
     fig.tight_layout()
-    path = common.RESULTS / "torch_cpu.png"
+    path = common.RESULTS / f"{name}.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -140,6 +144,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--calls", type=int, default=2000, help="calls per overhead sample")
     parser.add_argument("--threads", type=int, default=opforge.num_threads())
+    parser.add_argument("--results", default="torch_cpu", help="name of the CSV and PNG under bench/results")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     opforge.set_num_threads(args.threads)
@@ -168,8 +173,8 @@ def main(argv=None):
     csv_rows += [{"section": "throughput", "name": r["op"], "median_us": r["opforge_ms"] * 1e3, "x_torch_add": "",
                   "x_aten_via_torch_ops": "", "opforge_GB_per_s": r["opforge_gbs"], "torch_GB_per_s": r["torch_gbs"],
                   "speedup": r["speedup"]} for r in rows]
-    print(f"\nwrote {common.write_csv('torch_cpu', csv_rows)}")
-    print(f"wrote {plot(times, rows)}")
+    print(f"\nwrote {common.write_csv(args.results, csv_rows)}")
+    print(f"wrote {plot(times, rows, args.results)}")
 
 
 if __name__ == "__main__":

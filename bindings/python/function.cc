@@ -2,10 +2,12 @@
 
 #include <structmember.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <exception>
 #include <utility>
 
+#include "arrays.h"
 #include "call.h"
 #include "opforge/error.h"
 
@@ -16,20 +18,63 @@ namespace {
 struct FunctionObject {
   PyObject_HEAD
   vectorcallfunc vectorcall;
-  PyObject* dict;      // __name__, __signature__, __doc__, op: set by the Python package
-  PyObject* weakrefs;  // so caches keyed weakly by function (functools, frameworks) work
-  const OpDef* op;     // registered ops live as long as the process
+  PyObject* dict;         // __name__, __signature__, __doc__, op: set by the Python package
+  PyObject* weakrefs;     // so caches keyed weakly by function (functools, frameworks) work
+  PyObject* torch_route;  // opforge.torch.<op>, set when that module loads (else null)
+  PyObject* jax_route;    // opforge.jax.<op>, likewise
+  const OpDef* op;        // registered ops live as long as the process
 };
 
 PyTypeObject* function_type = nullptr;
-PyObject* raise_pending = nullptr;  // _core._raise_pending (kept for the process's life)
+PyObject* raise_pending = nullptr;    // _core._raise_pending (kept for the process's life)
+PyObject* jax_tracer_type = nullptr;  // jax.core.Tracer, once opforge.jax has loaded
 thread_local std::exception_ptr pending;
 
+// Python may set a route to None (or delete it): no route either way.
+PyObject* route_or_null(PyObject* route) { return route == Py_None ? nullptr : route; }
+
+// The framework function that takes a call in place of the generic path, or null. A JAX
+// tracer (the argument of a function under jax.jit, grad or vmap) has no memory to read, so
+// any tensor argument that is one sends the call to opforge.jax.<op>. Where every tensor
+// argument given is a torch tensor, opforge.torch.<op> runs it: autograd, torch's own
+// operator (FakeTensor, functorch, forge, CUDA streams), and under half the generic path's
+// cost per call. Mixtures (torch with NumPy, say) and anything unrecognized stay generic.
+PyObject* framework_route(const FunctionObject& function, const CallArgs& args) {
+  PyObject* const torch_route = route_or_null(function.torch_route);
+  PyObject* const jax_route = route_or_null(function.jax_route);
+  if (!torch_route && !jax_route) return nullptr;
+  const auto& specs = function.op->schema().args;
+  bool torch_tensors = false, other_arrays = false;
+  auto look_at = [&](const ArgSpec& spec, PyObject* value) {
+    if (!spec.is_tensor() || value == Py_None) return false;
+    const Framework framework = framework_of(value);
+    if (framework == Framework::jax && jax_tracer_type &&
+        PyObject_TypeCheck(value, reinterpret_cast<PyTypeObject*>(jax_tracer_type)))
+      return true;
+    (framework == Framework::torch ? torch_tensors : other_arrays) = true;
+    return false;
+  };
+  const size_t positional = std::min(args.positional, specs.size());
+  for (size_t i = 0; i < positional; ++i)
+    if (look_at(specs[i], args.values[i])) return jax_route;
+  const Py_ssize_t keywords = args.keywords ? PyTuple_GET_SIZE(args.keywords) : 0;
+  for (Py_ssize_t k = 0; k < keywords; ++k) {
+    Py_ssize_t length = 0;
+    const char* name = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(args.keywords, k), &length);
+    if (!name) throw nb::python_error();
+    const int64_t i = function.op->schema().arg_index(std::string_view(name, static_cast<size_t>(length)));
+    if (i >= 0 && look_at(specs[i], args.values[args.positional + k])) return jax_route;
+  }
+  return torch_tensors && !other_arrays ? torch_route : nullptr;
+}
+
 PyObject* function_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* keywords) {
-  const OpDef& op = *reinterpret_cast<FunctionObject*>(self)->op;
+  const auto& function = *reinterpret_cast<FunctionObject*>(self);
   try {
     const CallArgs call{args, static_cast<size_t>(PyVectorcall_NARGS(nargsf)), keywords};
-    return call_op(op, call).release().ptr();
+    // The framework's function raises its own Python errors: nothing to carry across here.
+    if (PyObject* route = framework_route(function, call)) return PyObject_Vectorcall(route, args, nargsf, keywords);
+    return call_op(*function.op, call).release().ptr();
   } catch (...) {
     pending = std::current_exception();
   }
@@ -48,13 +93,19 @@ PyObject* function_repr(PyObject* self) {
 }
 
 int function_traverse(PyObject* self, visitproc visit, void* arg) {
-  Py_VISIT(reinterpret_cast<FunctionObject*>(self)->dict);
+  auto* function = reinterpret_cast<FunctionObject*>(self);
+  Py_VISIT(function->dict);
+  Py_VISIT(function->torch_route);
+  Py_VISIT(function->jax_route);
   Py_VISIT(Py_TYPE(self));
   return 0;
 }
 
 int function_clear(PyObject* self) {
-  Py_CLEAR(reinterpret_cast<FunctionObject*>(self)->dict);
+  auto* function = reinterpret_cast<FunctionObject*>(self);
+  Py_CLEAR(function->dict);
+  Py_CLEAR(function->torch_route);
+  Py_CLEAR(function->jax_route);
   return 0;
 }
 
@@ -74,6 +125,10 @@ void register_function_type(nb::module_& m) {
       {"__vectorcalloffset__", T_PYSSIZET, offsetof(FunctionObject, vectorcall), READONLY, nullptr},
       {"__dictoffset__", T_PYSSIZET, offsetof(FunctionObject, dict), READONLY, nullptr},
       {"__weaklistoffset__", T_PYSSIZET, offsetof(FunctionObject, weakrefs), READONLY, nullptr},
+      {"_torch_route", T_OBJECT, offsetof(FunctionObject, torch_route), 0,
+       "opforge.torch.<op>: takes calls whose tensor arguments are all torch tensors (None: none does)."},
+      {"_jax_route", T_OBJECT, offsetof(FunctionObject, jax_route), 0,
+       "opforge.jax.<op>: takes calls with a JAX tracer among the tensor arguments (None: none does)."},
       {nullptr, 0, 0, 0, nullptr},
   };
   static PyType_Slot slots[] = {
@@ -101,6 +156,11 @@ void register_function_type(nb::module_& m) {
     std::rethrow_exception(error);
   });
   raise_pending = nb::object(m.attr("_raise_pending")).release().ptr();
+
+  m.def("_set_jax_tracer_type", [](nb::handle type) {
+    if (!PyType_Check(type.ptr())) fail(ErrorKind::type, "_set_jax_tracer_type: expected a type");
+    Py_XSETREF(jax_tracer_type, Py_NewRef(type.ptr()));
+  }, nb::arg("type"), "The type of JAX tracers (opforge.jax sets it): calls given one go to the _jax_route.");
 }
 
 nb::object make_function(const OpDef& op) {

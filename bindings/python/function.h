@@ -4,7 +4,9 @@
 // the keyword names beside them, and go straight to call_op. An Op's __call__ (a method on a
 // nanobind class) first packs them into a tuple and a dict, twice; for a small array that
 // packing was a sixth of the call. The object has a __dict__, so the Python package gives it
-// the __name__, __signature__ and __doc__ that help() and IDEs read.
+// the __name__, __signature__ and __doc__ that help() and IDEs read. Torch tensors and JAX
+// tracers are handed to opforge.torch.<op> and opforge.jax.<op> (the routes those modules set
+// as they load), so one function serves every framework with its own autograd and tracing.
 #pragma once
 
 #include <nanobind/nanobind.h>

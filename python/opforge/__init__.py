@@ -4,7 +4,9 @@ Every registered op is a function here: ``opforge.rms_norm(x, weight, eps=1e-6)`
 of any DLPack-capable library (without a copy) and returns the same kind of array.
 Where torch is installed, every op is also a real torch operator, torch.ops.opforge.<op>, with
 autograd and torch.compile (see opforge.torch): it is defined as soon as both opforge and torch
-are imported, in either order, without `import opforge` importing torch itself.
+are imported, in either order, without `import opforge` importing torch itself. Given only torch
+tensors, opforge.<op> calls opforge.torch.<op> (autograd, torch.compile); given a JAX tracer
+(under jit, grad, vmap), opforge.jax.<op>.
 """
 
 from __future__ import annotations
@@ -172,41 +174,62 @@ def load_plugin(library: str | _Path) -> list[str]:
     return added
 
 
-def _load_torch_adapter() -> None:
-    """Imports opforge.torch, which defines torch.ops.opforge.<op>. A failure (say, a torch older
-    than the adapter supports) is a warning here, not a failed `import opforge`."""
-    if "opforge.torch" in _sys.modules:
+def _load_adapter(module: str, what: str) -> None:
+    """Imports opforge.torch or opforge.jax. A failure (say, a framework older than the adapter
+    supports) is a warning here, not a failed `import opforge` or `import torch`."""
+    if module in _sys.modules:
         return
     try:
-        _importlib.import_module("opforge.torch")
+        _importlib.import_module(module)
     except ImportError as error:
-        _warnings.warn(f"opforge: torch.ops.opforge is unavailable: {error}", stacklevel=3)
+        _warnings.warn(f"opforge: {what} unavailable: {error}", stacklevel=3)
 
 
-class _AfterTorchImport(_importlib_abc.MetaPathFinder):
-    """Loads opforge.torch right after torch finishes importing. Importing torch takes seconds,
-    so `import opforge` does not do it for NumPy and JAX users; yet torch.ops.opforge.<op> exists
-    whichever of torch and opforge is imported first."""
+class _AfterImport(_importlib_abc.MetaPathFinder):
+    """Runs `then` right after the module `name` finishes importing. Importing torch takes
+    seconds, so `import opforge` imports neither torch nor JAX; yet torch.ops.opforge.<op>
+    exists, and opforge.<op> takes torch tensors and JAX tracers through those frameworks'
+    adapters, whichever of them and opforge is imported first. The finder stays in place until
+    the module is executed, not merely looked up (libraries probe with find_spec), and a
+    failure in `then` is a warning: it must never fail the framework's own import."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then, self.looking = name, then, False
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != "torch":
+        if fullname != self.name or self.looking:
             return None
-        _sys.meta_path.remove(self)
-        spec = _importlib_util.find_spec("torch")  # the regular finders, now that this one is gone
+        self.looking = True
+        try:
+            spec = _importlib_util.find_spec(fullname)  # the regular finders: this one steps aside
+        finally:
+            self.looking = False
         if spec is not None and spec.loader is not None:
             exec_module = spec.loader.exec_module
 
             def exec_then_load(module):
                 exec_module(module)
-                _load_torch_adapter()
+                if self in _sys.meta_path:
+                    _sys.meta_path.remove(self)
+                try:
+                    self.then()
+                except Exception as error:  # any: see the docstring
+                    _warnings.warn(f"opforge: after importing {fullname}: {error}", stacklevel=2)
 
             spec.loader.exec_module = exec_then_load
         return spec
 
 
-# Only when this build has the torch adapter (cmake/torch.cmake builds it when torch is installed).
-if (_Path(__file__).with_name("libopforge_torch.so")).exists():
-    if "torch" in _sys.modules:
-        _load_torch_adapter()
+def _when_imported(name: str, then) -> None:
+    if name in _sys.modules:
+        then()
     else:
-        _sys.meta_path.insert(0, _AfterTorchImport())
+        _sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+# Only where this build has the adapter (cmake/torch.cmake builds it when torch is installed,
+# the JAX handlers when jaxlib is).
+if (_Path(__file__).with_name("libopforge_torch.so")).exists():
+    _when_imported("torch", lambda: _load_adapter("opforge.torch", "torch.ops.opforge is"))
+if hasattr(_core, "jax_ffi"):
+    _when_imported("jax", lambda: _load_adapter("opforge.jax", "opforge.jax and JAX tracers in opforge.<op> are"))

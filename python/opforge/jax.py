@@ -12,12 +12,15 @@ arguments take the batch as one more leading dimension (one call), others run a
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 
 import jax
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
+
+import opforge as _opforge  # the package, perhaps still importing: its functions exist
 
 from . import _core, _signature
 
@@ -269,7 +272,13 @@ def _add_ops(names: list[str]) -> None:
                 raise ImportError(f"opforge.jax: op '{name}' uses the reserved attribute name '{arg}'")
     for name in names:
         globals()[name] = _make_function(name)
+        # opforge.<op> given a tracer (under jit, grad, vmap) calls this function instead
+        # (bindings/python/function.cc); concrete arrays stay on its DLPack path.
+        getattr(_opforge, name)._jax_route = globals()[name]
 
 
+# jax.core.Tracer is the public name; the fallback is where it is defined, should a release
+# stop exporting it.
+_core._set_jax_tracer_type(getattr(jax.core, "Tracer", None) or importlib.import_module("jax._src.core").Tracer)
 _add_ops(_core.op_names())
 del _platform, _capsule

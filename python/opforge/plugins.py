@@ -7,7 +7,7 @@ architectures and headers opforge itself was built with, and caches it by conten
 files are compiled where opforge was built with CUDA and nvcc is found (else a warning). A
 process started with `OPFORGE_PLUGINS=<library>[:<library>...]` loads those libraries when it
 imports opforge, before it makes any op's functions, so a plugin's ops are
-opforge ops like the built-in ones: `opforge.<op>` for NumPy and DLPack arrays,
+opforge ops like the built-in ones: `opforge.<op>` for NumPy, DLPack, torch and JAX arrays,
 `torch.ops.opforge.<op>` with autograd and torch.compile, `opforge.jax.<op>` under jit, grad
 and vmap, and (from each folder's reference.py, kept beside the library) `opforge.references`,
 which the tour and `opforge.testing.reference` read. `opforge.load_plugin(library)` loads one

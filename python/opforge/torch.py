@@ -37,9 +37,13 @@ import functools
 import keyword
 import numbers
 import os
+import sys
+import warnings
 from pathlib import Path
 
 import torch
+
+import opforge as _opforge  # the package, perhaps still importing: its functions exist
 
 from . import _core
 
@@ -462,6 +466,24 @@ def _register(names: list[str]) -> None:
             torch.library.register_autograd(op.overload, backward, setup_context=setup_context, lib=_LIB)
             _register_autocast(op)
         globals()[op.name] = _make_function(op)
+        # opforge.<op> given torch tensors only calls this function (bindings/python/function.cc).
+        getattr(_opforge, op.name)._torch_route = globals()[op.name]
+    if "torch._dynamo" in sys.modules:
+        _trace_generic_functions(list(ops))
+
+
+def _trace_generic_functions(names: list[str]) -> None:
+    """Lets torch.compile take opforge.<op> (C++, which dynamo cannot look into) into its graph
+    as a call (allow_in_graph); AOTAutograd then traces that call, on fake tensors, to the torch
+    op it routes them to, so the compiled graph holds torch.ops.opforge.<op>, fullgraph=True
+    included. Registered when dynamo loads (importing it costs seconds), for the ops then
+    known; a plugin's as it loads. A dynamo that refuses costs a warning, not the import."""
+    try:
+        for name in names:
+            torch.compiler.allow_in_graph(getattr(_opforge, name))
+    except (TypeError, ValueError, ImportError, AttributeError) as error:
+        warnings.warn(f"opforge: torch.compile cannot trace opforge.<op> (use opforge.torch.<op>): {error}",
+                      stacklevel=2)
 
 
 def _add_ops(names: list[str]) -> None:
@@ -477,6 +499,8 @@ def _add_ops(names: list[str]) -> None:
 
 _OPS: dict[str, _Op] = {}
 _register(_core.op_names())
+if "torch._dynamo" not in sys.modules:
+    _opforge._when_imported("torch._dynamo", lambda: _trace_generic_functions(list(_OPS)))
 
 
 def _main(argv: list[str]) -> int:

@@ -1,6 +1,7 @@
 """opforge's CUDA kernels through every adapter, held to one bar without naming ops: every op
 with a CUDA kernel, every dtype that kernel declares, on torch CUDA tensors (the generic DLPack
-path opforge.<op> and torch.ops.opforge.<op>), on JAX GPU arrays under jit, and on CuPy arrays
+path, opforge.<op>, which hands torch tensors to opforge.torch.<op>, and torch.ops.opforge.<op>),
+on JAX GPU arrays under jit, and on CuPy arrays
 when CuPy is installed, against the same op on the CPU and, where the op has one, its float64
 reference. Then: results are ordered on torch's current stream; a config override that forces
 the CPU backend makes a GPU array a clear error; bad inputs on the GPU raise typed exceptions.
@@ -35,6 +36,8 @@ OPS = opforge._core.op_names()
 CORE = {name: opforge._core.op(name) for name in OPS}
 FORWARD_OF = {CORE[n].backward[0]: n for n in OPS if CORE[n].backward}
 SAVING_OF = {CORE[n].saving_forward[0]: n for n in OPS if CORE[n].saving_forward}
+# opforge.<op> without its routes: the generic DLPack path, which CuPy and other arrays take.
+GENERIC = {n: opforge._core.function(CORE[n]) for n in OPS}
 
 
 def kernel_dtypes(name):
@@ -175,7 +178,7 @@ def test_torch_tensors_match_cpu(name, dtype, fmt, rng):
     tensors, attrs = sample(name, rng, dtype, fmt)
     want = cpu_result(name, tensors, attrs)
     on_device = [t.to(DEVICE) for t in tensors]
-    for fn in (getattr(opforge, name), getattr(torch.ops.opforge, name)):
+    for fn in (GENERIC[name], getattr(opforge, name), getattr(torch.ops.opforge, name)):
         got = fn(*on_device, **attrs)
         for g in as_tuple(got):
             assert isinstance(g, torch.Tensor) and g.device.type == DEVICE, (fn, g.device)
@@ -252,7 +255,7 @@ def test_cupy_arrays_on_a_side_stream_match_cpu(name, dtype, fmt, rng):
     assert_matches(tuple(back), want, name, dtype)
 
 
-@pytest.mark.parametrize("path", ["opforge", "torch.ops"])
+@pytest.mark.parametrize("path", ["generic", "opforge", "torch.ops"])
 @pytest.mark.parametrize("name", [n for n in DEVICE_OPS if "float32" in kernel_dtypes(n)])
 def test_runs_on_torch_current_stream(name, path, rng):
     """On a side stream, the inputs get their values only after a ~50 ms busy kernel. A kernel
@@ -260,7 +263,8 @@ def test_runs_on_torch_current_stream(name, path, rng):
     wait for it) would read the zeros that were there before and give another result."""
     if not ON_GPU:
         pytest.skip("streams need a GPU")
-    fn = getattr(opforge, name) if path == "opforge" else getattr(torch.ops.opforge, name)
+    fn = {"generic": GENERIC[name], "opforge": getattr(opforge, name),
+          "torch.ops": getattr(torch.ops.opforge, name)}[path]
     tensors, attrs = sample(name, rng, "float32", "q4_0")
     want = cpu_result(name, tensors, attrs)
     real = [t.cuda() for t in tensors]
@@ -393,14 +397,15 @@ def test_forced_cpu_backend_rejects_gpu_arrays(restore_backend, rng):
 def test_env_override_forcing_cpu_rejects_gpu_arrays():
     if not ON_GPU:
         pytest.skip("needs a GPU array")
-    code = ("import torch, opforge\n"
-            "try:\n    opforge.add_one(torch.ones(3, device='cuda'))\n"
-            "except RuntimeError as e:\n    print(e)\n")
+    code = ("import torch, opforge\n"  # the generic path, then the torch op opforge.add_one routes to
+            "for fn in (opforge._core.function(opforge._core.op('add_one')), opforge.add_one):\n"
+            "    try:\n        fn(torch.ones(3, device='cuda'))\n"
+            "    except RuntimeError as e:\n        print(str(e).splitlines()[0])\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPFORGE_")}
     proc = subprocess.run([sys.executable, "-c", code], env={**env, "OPFORGE_BACKEND": "cpu"},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "add_one(): backend 'cpu' (forced by OPFORGE_BACKEND) cannot run on cuda tensors"
+    assert proc.stdout.splitlines() == ["add_one(): backend 'cpu' (forced by OPFORGE_BACKEND) cannot run on cuda tensors"] * 2
 
 
 def gpu_only():
@@ -408,7 +413,8 @@ def gpu_only():
         pytest.skip("needs tensors on two kinds of device")
 
 
-@pytest.mark.parametrize("fn", [lambda: opforge.add, lambda: torch.ops.opforge.add], ids=["opforge", "torch.ops"])
+@pytest.mark.parametrize("fn", [lambda: GENERIC["add"], lambda: opforge.add, lambda: torch.ops.opforge.add],
+                         ids=["generic", "opforge", "torch.ops"])
 def test_mixed_devices_raise(fn):
     gpu_only()
     x, y = torch.ones(3, device="cuda"), torch.ones(3)

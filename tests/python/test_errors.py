@@ -61,8 +61,10 @@ USER_ERRORS = [
     (lambda: opforge.add_one(X.astype(np.complex64)), TypeError, r"add_one\(\): 'x' must have dtype in \[float32, .*\], got complex64$"),
     (lambda: opforge.add_one(X.astype(">f4")), TypeError,
      r"add_one\(\): 'x' is a ndarray with dtype >f4 on cpu, which opforge cannot read without a copy"),
-    (lambda: opforge.add_one(torch.ones(3, device="meta")), TypeError,
-     r"add_one\(\): 'x' is a Tensor with dtype torch.float32 on meta"),
+    # (torch tensors alone go to opforge.torch, tested in test_torch and test_routes; mixed with
+    # a NumPy array, they take the generic path tested here)
+    (lambda: opforge.add(torch.ones(3, device="meta"), W), TypeError,
+     r"add\(\): 'x' is a Tensor with dtype torch.float32 on meta"),
     # binding, like a Python signature
     (lambda: opforge.add(X), TypeError, r"add\(\) missing required argument 'y'"),
     (lambda: opforge.rms_norm(weight=W), TypeError, r"rms_norm\(\) missing required argument 'x'"),
@@ -97,12 +99,12 @@ USER_ERRORS = [
     (lambda: opforge.relu(np.broadcast_to(np.float32(1), (2**46,))), RuntimeError,
      r"relu\(\): cannot allocate its results: cpu backend: out of memory allocating 281474976710656 bytes"),
     # torch's lazy negation and conjugation bits: the exported memory does not carry them
-    (lambda: opforge.relu(torch.randn(4, 8, dtype=torch.complex64).conj().imag), TypeError,
-     r"relu\(\): 'x' is a torch tensor with its negative bit set \(a lazy negation\); call \.resolve_neg\(\) first"),
-    # torch autograd is torch.ops.opforge's job; the generic path must not drop gradients
-    (lambda: opforge.add_one(torch.ones(3, requires_grad=True)), TypeError,
-     r"add_one\(\): 'x' is a torch tensor that requires grad; call \.detach\(\) first"),
-    (lambda: opforge.rms_norm(torch.ones(2, 3), torch.ones(3, requires_grad=True)), TypeError,
+    (lambda: opforge.add(torch.randn(2, 3, dtype=torch.complex64).conj().imag, W), TypeError,
+     r"add\(\): 'x' is a torch tensor with its negative bit set \(a lazy negation\); call \.resolve_neg\(\) first"),
+    # torch autograd is opforge.torch's job; the generic path must not drop gradients
+    (lambda: opforge.add(torch.ones(3, requires_grad=True), W), TypeError,
+     r"add\(\): 'x' is a torch tensor that requires grad; call \.detach\(\) first"),
+    (lambda: opforge.rms_norm(X, torch.ones(3, requires_grad=True)), TypeError,
      r"rms_norm\(\): 'weight' is a torch tensor that requires grad"),
     # global settings
     (lambda: opforge._core.op("nope"), ValueError, r"unknown op 'nope' \(known ops: add, .*add_one, .*rms_norm"),
@@ -124,7 +126,7 @@ def test_user_error(call, error, match):
 def test_requires_grad_is_fine_without_grad_mode():
     # Under no_grad there is no gradient to lose (inference with nn.Parameter weights).
     with torch.no_grad():
-        out = opforge.add_one(torch.ones(3, requires_grad=True))
+        out = opforge.add(torch.ones(3, requires_grad=True), W)  # with NumPy: the generic path
     assert torch.equal(out, torch.full((3,), 2.0))
 
 

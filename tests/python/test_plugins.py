@@ -65,8 +65,13 @@ y = torch.ops.opforge.plus_two(t)
 y.sum().backward()
 assert torch.equal(y.detach(), t.detach() + 2) and torch.equal(t.grad, torch.ones(5))
 assert torch.equal(torch.compile(lambda a: ot.plus_two(a) * 3, fullgraph=True)(t.detach()), (t.detach() + 2) * 3)
+t = torch.arange(5.0, requires_grad=True)  # opforge.<op> on torch tensors: opforge.torch's
+opforge.plus_two(t).sum().backward()
+assert torch.equal(t.grad, torch.ones(5))
+assert torch.equal(torch.compile(lambda a: opforge.plus_two(a) * 3, fullgraph=True)(t.detach()), (t.detach() + 2) * 3)
 j = jnp.arange(5.0)
 assert jnp.array_equal(jax.jit(oj.plus_two)(j), j + 2)
+assert jnp.array_equal(jax.jit(opforge.plus_two)(j), j + 2)  # a tracer: opforge.jax's
 assert jnp.array_equal(jax.grad(lambda a: oj.plus_two(a).sum())(j), jnp.ones(5))
 assert jnp.array_equal(jax.vmap(oj.plus_two)(j[None]), (j + 2)[None])
 try:
@@ -98,10 +103,10 @@ def run_python(code, **env):
 
 @pytest.mark.parametrize("native", ["1", "0"], ids=["cxx_autograd", "python_autograd"])
 def test_load_plugin_after_every_frontend_imported(plus_two, native):
-    """A notebook's case: torch, the forge device and JAX are in use when the op is loaded."""
+    """A notebook's case: torch (dynamo too), the forge device and JAX are in use when the op is loaded."""
     _, _, path = plus_two
     forge = "import opforge.forge\n" if (Path(opforge.__file__).parent / "libopforge_forge.so").exists() else ""
-    code = (IMPORT_ALL + forge + "assert not hasattr(opforge, 'plus_two') and not hasattr(ot, 'plus_two')\n"
+    code = (IMPORT_ALL + "import torch._dynamo\n" + forge + "assert not hasattr(opforge, 'plus_two') and not hasattr(ot, 'plus_two')\n"
             f"assert opforge.load_plugin({str(path)!r}) == ['plus_two', 'plus_two_backward']\n"
             f"assert opforge.load_plugin({str(path)!r}) == []  # again: nothing new\n" + CHECK_PLUS_TWO +
             "assert torch.equal(ot.plus_two(torch.ones(3)), torch.full((3,), 3.0))\n"

@@ -1,0 +1,172 @@
+"""opforge.<op> routes a framework's own values to that framework's adapter (bindings/python/
+function.cc): torch tensors to opforge.torch.<op> (autograd, torch.compile, meta tensors), JAX
+tracers to opforge.jax.<op> (jit, grad, vmap). Anything else, mixtures included, takes the
+generic DLPack path. Each route is held to an independent reference, not to the adapter it
+calls, and to the same bits as that adapter.
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import opforge  # noqa: E402
+import opforge.jax as oj  # noqa: E402
+import opforge.torch as ot  # noqa: E402
+from op_samples import CORE, OPS, WITH_REFERENCE, reference, sample, tensor_names  # noqa: E402
+from opforge.testing import TOLERANCES  # noqa: E402
+
+DIFFERENTIABLE = [n for n in OPS if CORE[n].backward and n in WITH_REFERENCE]
+
+
+def test_every_op_has_both_routes():
+    for name in OPS:
+        function = getattr(opforge, name)
+        assert function._torch_route is getattr(ot, name), name
+        assert function._jax_route is getattr(oj, name), name
+
+
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_torch_tensors_get_autograd(name, rng):
+    """float64, so the reference's gradients are a tight bar; the torch op gives the same bits."""
+    tensors, attrs = sample(name, rng, "float64", rows=4, cols=9, grad=True)
+    copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+    got = getattr(opforge, name)(*tensors, **attrs)
+    assert torch.equal(got.detach(), getattr(ot, name)(*[t.detach() for t in tensors], **attrs))
+    got.sin().sum().backward()
+    reference(name).torch(*copies, **attrs).sin().sum().backward()
+    for t, c in zip(tensors, copies):
+        assert (t.grad is None) == (c.grad is None)
+        if t.grad is not None:
+            torch.testing.assert_close(t.grad, c.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_torch_call_takes_keywords_and_defaults(rng):
+    x = torch.from_numpy(rng.standard_normal((3, 16)).astype(np.float32))
+    w = torch.from_numpy(rng.standard_normal(16).astype(np.float32))
+    want = reference("rms_norm").torch(x.double(), w.double(), eps=1e-5)
+    got = opforge.rms_norm(weight=w, x=x, eps=1e-5)
+    torch.testing.assert_close(got.double(), want, rtol=TOLERANCES["float32"][0], atol=TOLERANCES["float32"][1])
+    assert torch.equal(opforge.gelu(x), opforge.gelu(x, approximate="none"))
+
+
+def test_meta_tensors_get_the_shape_rule():
+    out = opforge.add(torch.ones(3, 1, device="meta"), torch.ones(5, device="meta"))
+    assert out.device.type == "meta" and out.shape == (3, 5)
+
+
+def test_torch_errors_keep_their_type_and_wording():
+    with pytest.raises(ValueError, match=r"rms_norm\(\): 'weight' must have shape \[4\], got \[3\]"):
+        opforge.rms_norm(torch.ones(2, 4), torch.ones(3))
+    with pytest.raises(TypeError, match=r"add\(\) got an unexpected keyword argument 'z'"):
+        opforge.add(torch.ones(2), torch.ones(2), z=1)
+
+
+def test_mixtures_take_the_generic_path(rng):
+    x = rng.standard_normal((2, 5)).astype(np.float32)
+    t = torch.from_numpy(rng.standard_normal((2, 5)).astype(np.float32))
+    got = opforge.add(t, x)  # the first array's kind comes back, as before routes existed
+    assert isinstance(got, torch.Tensor)
+    np.testing.assert_array_equal(got.numpy(), t.numpy() + x)
+    # The generic path cannot carry autograd, so it refuses to drop a gradient.
+    with pytest.raises(TypeError, match=r"add\(\): 'x' is a torch tensor that requires grad"):
+        opforge.add(t.clone().requires_grad_(), x)
+
+
+def test_a_cleared_route_falls_back_to_the_generic_path(rng):
+    t = torch.from_numpy(rng.standard_normal(7).astype(np.float32))
+    function = opforge.relu
+    route = function._torch_route
+    try:
+        function._torch_route = None
+        with pytest.raises(TypeError, match=r"relu\(\): 'x' is a torch tensor that requires grad"):
+            function(t.clone().requires_grad_())
+        np.testing.assert_array_equal(function(t).numpy(), np.maximum(t.numpy(), 0))
+    finally:
+        function._torch_route = route
+    assert function(t.clone().requires_grad_()).requires_grad
+
+
+def test_torch_compile_fullgraph_puts_the_torch_op_in_the_graph(rng):
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        def keep(graph, _):
+            graphs.append(graph.code)
+            return make_boxed_func(graph.forward)
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep, bw_compiler=keep)
+
+    torch._dynamo.reset()
+    x = torch.from_numpy(rng.standard_normal((4, 32)).astype(np.float32))
+    w = torch.from_numpy(rng.standard_normal(32).astype(np.float32)).requires_grad_()
+    fn = torch.compile(lambda x, w: opforge.rms_norm(x, w, eps=1e-6).sin().sum(), backend=backend, fullgraph=True)
+    fn(x, w).backward()
+    w_ref = w.detach().double().requires_grad_()
+    reference("rms_norm").torch(x.double(), w_ref, eps=1e-6).sin().sum().backward()
+    torch.testing.assert_close(w.grad.double(), w_ref.grad, rtol=1e-4, atol=1e-4)
+    assert any("torch.ops.opforge.rms_norm" in g for g in graphs), graphs
+    assert any("torch.ops.opforge.rms_norm_backward" in g for g in graphs), graphs
+
+
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_jax_tracers_take_opforge_jax(name, rng):
+    """Under jit the result is opforge.jax's bit for bit; grad against the reference's, in float32."""
+    arrays, attrs = reference(name).sample(rng, rows=4, cols=9)
+    args = [jnp.asarray(a.astype(np.float32) if a.dtype == np.float64 else a) for a in arrays]
+    np.testing.assert_array_equal(jax.jit(lambda *a: getattr(opforge, name)(*a, **attrs))(*args),
+                                  jax.jit(lambda *a: getattr(oj, name)(*a, **attrs))(*args))
+    floats = [i for i, a in enumerate(arrays) if a.dtype == np.float64]
+    differentiable = [i for i in floats if tensor_names(name)[i] in CORE[name].backward[1]]
+
+    def loss(fn):
+        return lambda *a: jnp.sum(jnp.sin(fn(*a, **attrs)))
+    got = jax.grad(loss(getattr(opforge, name)), argnums=differentiable)(*args)
+    want = jax.grad(loss(reference(name).jax), argnums=differentiable)(*args)
+    rtol, atol = TOLERANCES["float32"]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol * 10, atol=atol * 10)
+
+
+def test_vmap_takes_the_batch(rng):
+    x = jnp.asarray(rng.standard_normal((3, 4, 16)).astype(np.float32))
+    w = jnp.asarray(rng.standard_normal(16).astype(np.float32))
+    got = jax.vmap(lambda x: opforge.rms_norm(x, w, eps=1e-6))(x)
+    want = reference("rms_norm").jax(x, w, eps=1e-6)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_concrete_jax_arrays_stay_on_the_generic_path(rng):
+    x = jnp.asarray(rng.standard_normal((2, 8)).astype(np.float32))
+    assert type(opforge.relu(x)) is type(x)
+    np.testing.assert_array_equal(np.asarray(opforge.relu(x)), np.maximum(np.asarray(x), 0))
+
+
+@pytest.mark.parametrize("order", ["jax first", "opforge first"])
+def test_jax_route_exists_whichever_is_imported_first(order):
+    # Libraries probe for JAX with find_spec before (or without) importing it: that must not
+    # use up the hook that loads opforge.jax when JAX is imported.
+    imports = ("import jax, opforge" if order == "jax first" else
+               "import importlib.util, opforge, sys; assert 'jax' not in sys.modules\n"
+               "assert importlib.util.find_spec('jax') is not None\nimport jax")
+    code = (f"{imports}\nimport sys, jax.numpy as jnp\nassert 'opforge.jax' in sys.modules\n"
+            "print(jax.jit(opforge.relu)(jnp.array([-1.0, 2.0])).tolist())")
+    out = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[0.0, 2.0]"
+
+
+def test_dynamo_loaded_later_compiles_without_warnings():
+    code = ("import torch, opforge, sys\nassert 'torch._dynamo' not in sys.modules\n"
+            "f = torch.compile(lambda x: opforge.relu(x) * 2, backend='aot_eager', fullgraph=True)\n"
+            "print(f(torch.tensor([-1.0, 3.0])).tolist())")
+    out = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[0.0, 6.0]"
