@@ -1,7 +1,8 @@
 """What one call of opforge.<op> costs on a small array: on NumPy arrays (the generic adapter)
-against NumPy itself, and on torch tensors (which it hands to opforge.torch.<op>) against torch
-eager. The torch adapter's other ways in (torch.ops.opforge, the generic DLPack path on torch
-tensors) are bench_torch.py's.
+against NumPy itself, on torch tensors (which it hands to opforge.torch.<op>) against torch
+eager, and on JAX arrays (which it hands to opforge.jax.<op>, one compiled call) against
+jax.numpy eager and against the generic DLPack path it took before. The torch adapter's other
+ways in (torch.ops.opforge, the generic DLPack path on torch tensors) are bench_torch.py's.
 
     python bench/bench_call_overhead.py [--samples 60] [--calls 200]
 
@@ -21,6 +22,8 @@ import argparse
 import statistics
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -39,18 +42,31 @@ def np_softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def jnp_rms_norm(x, w):  # what a JAX user writes, run eagerly: one dispatch per operation
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + EPS) * w
+
+
 def cases(shape):
     """(label, opforge call, competitor name, competitor call) on fresh float32 inputs of `shape`."""
     rng = np.random.default_rng(0)
     x, y = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
     w = rng.standard_normal(shape[-1:]).astype(np.float32)
     t, u = torch.from_numpy(x.copy()), torch.from_numpy(y.copy())
+    jx, jy, jw = jnp.asarray(x), jnp.asarray(y), jnp.asarray(w)
+    generic_add = opforge._core.function(opforge._core.op("add"))  # no route to opforge.jax
     return [
         ("add, NumPy", lambda: opforge.add(x, y), "NumPy", lambda: np.add(x, y)),
         ("relu, NumPy", lambda: opforge.relu(x), "NumPy", lambda: np.maximum(x, 0)),
         ("rms_norm, NumPy", lambda: opforge.rms_norm(x, w, EPS), "NumPy", lambda: np_rms_norm(x, w)),
         ("softmax, NumPy", lambda: opforge.softmax(x), "NumPy", lambda: np_softmax(x)),
         ("add, torch tensors", lambda: opforge.add(t, u), "torch eager", lambda: torch.add(t, u)),
+        # JAX dispatches asynchronously: both sides wait for their result, as a caller reading it would.
+        ("add, JAX arrays", lambda: opforge.add(jx, jy).block_until_ready(), "jax.numpy",
+         lambda: jnp.add(jx, jy).block_until_ready()),
+        ("rms_norm, JAX arrays", lambda: opforge.rms_norm(jx, jw, EPS).block_until_ready(), "jax.numpy",
+         lambda: jnp_rms_norm(jx, jw).block_until_ready()),
+        ("add, JAX arrays", lambda: opforge.add(jx, jy).block_until_ready(), "DLPack path",
+         lambda: generic_add(jx, jy).block_until_ready()),
     ]
 
 
@@ -87,19 +103,20 @@ def main():
             for impl, fn in (("opforge", ours), (rival, theirs)):
                 us = batch_us(fn, args.calls)
                 if sweep:  # the first sweep warms up
-                    times.setdefault((size, label, impl), []).append(us)
+                    times.setdefault((size, label, rival, impl), []).append(us)
     rows = []
     print(f"\n{'case':<24} {'size':<5} {'opforge µs':>10} {'rival':<12} {'rival µs':>9} {'speedup':>8}")
     for size, label, _, rival, _ in runs:
-        ours, theirs = (statistics.median(times[(size, label, i)]) for i in ("opforge", rival))
+        ours, theirs = (statistics.median(times[(size, label, rival, i)]) for i in ("opforge", rival))
         print(f"{label:<24} {size:<5} {ours:>10.2f} {rival:<12} {theirs:>9.2f} {theirs / ours:>7.2f}x")
         for impl, us in (("opforge", ours), (rival, theirs)):
-            rows.append({"case": label, "size": size, "impl": impl, "us_per_call": round(us, 3),
+            rows.append({"case": label, "size": size, "rival": rival, "impl": impl, "us_per_call": round(us, 3),
                          "opforge_speedup": round(theirs / ours, 3)})
     print(f"\nwrote {common.write_csv('call_overhead_cpu', rows)}")
-    groups = [f"{label} {size}" for size, label, *_ in runs]
+    groups = [f"{label} {size} (vs {rival})" for size, label, _, rival, _ in runs]
     series = {"opforge": [r["us_per_call"] for r in rows if r["impl"] == "opforge"],
-              "NumPy / torch eager": [r["us_per_call"] for r in rows if r["impl"] != "opforge"]}
+              "rival (NumPy, torch, jax.numpy eager, DLPack path)": [r["us_per_call"] for r in rows
+                                                                     if r["impl"] != "opforge"]}
     title = "µs per call on small float32 arrays (lower is better)"
     print(f"wrote {common.bar_plot('call_overhead_cpu', title, groups, series, 'µs')}")
 

@@ -53,6 +53,18 @@ AttrValue read_attr(const ffi::Dictionary& attrs, const OpDef& op, const ArgSpec
   }
 }
 
+// The status code each kind of opforge error reaches Python with, one code per kind, so that
+// opforge.jax can raise TypeError, ValueError, NotImplementedError or RuntimeError again for
+// errors a kernel reports while running (python/opforge/jax.py, _typed_error).
+ffi::ErrorCode status_code(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::type: return ffi::ErrorCode::kInvalidArgument;
+    case ErrorKind::value: return ffi::ErrorCode::kOutOfRange;
+    case ErrorKind::not_implemented: return ffi::ErrorCode::kUnimplemented;
+    default: return ffi::ErrorCode::kFailedPrecondition;
+  }
+}
+
 }  // namespace
 
 ffi::Error run(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs, Device device,
@@ -95,9 +107,7 @@ ffi::Error run(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary
     run_kernel(op, select_kernel(op, inputs), inputs, outputs, stream, scratch);
     return ffi::Error::Success();
   } catch (const Error& e) {
-    return ffi::Error(e.kind() == ErrorKind::not_implemented ? ffi::ErrorCode::kUnimplemented
-                                                            : ffi::ErrorCode::kInvalidArgument,
-                      e.what());
+    return ffi::Error(status_code(e.kind()), e.what());
   } catch (const std::exception& e) {
     return ffi::Error::Internal(e.what());
   }

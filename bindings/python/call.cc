@@ -129,7 +129,9 @@ nb::object checked_torch_capsule(const OpDef& op, const ArgSpec& spec, nb::handl
   if (nb::cast<bool>(value.attr("requires_grad")) &&
       nb::cast<bool>(nb::handle(module_function(is_grad_enabled, "torch", "is_grad_enabled"))()))
     fail(ErrorKind::type, op.name(), "(): '", spec.name,
-         "' is a torch tensor that requires grad; call .detach() first, or use torch.ops.opforge for autograd");
+         "' is a torch tensor that requires grad; the DLPack path that arrays of mixed kinds take carries "
+         "no autograd: call .detach() first, or pass torch tensors only (then opforge.torch.", op.name(),
+         " runs, with autograd)");
   // (The conjugate bit exists only on complex tensors, which the dtype check refuses.)
   if (nb::cast<bool>(value.attr("is_neg")()))
     fail(ErrorKind::type, op.name(), "(): '", spec.name,

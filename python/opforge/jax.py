@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import math
 
 import jax
@@ -25,6 +26,10 @@ import opforge as _opforge  # the package, perhaps still importing: its function
 from . import _core, _signature
 
 _TARGET = "opforge_call"
+# jax.core.Tracer is the public name; the fallback is where it is defined, should a release
+# stop exporting it.
+_Tracer = getattr(jax.core, "Tracer", None) or importlib.import_module("jax._src.core").Tracer
+
 # Attribute names the FFI call uses for itself; schemas must not use them.
 _RESERVED = ("op", "present")
 
@@ -67,18 +72,39 @@ class _Op:
         self.tensor_names = [a["name"] for a in self.args if a["kind"].startswith("Tensor")]
         self.attr_kinds = {a["name"]: a["kind"] for a in self.args if not a["kind"].startswith("Tensor")}
         self.signature = _signature(self.core)
+        self.names = list(self.signature.parameters)
+        self.defaults = {n: p.default for n, p in self.signature.parameters.items()}  # empty: required
         self.leading = set(self.core.leading_dim_args)
         self.validates = set(self.core.validates)
         self.backward = self.core.backward
         self.multi = self.core.num_results > 1
 
+    def _bind_plainly(self, args, kwargs):
+        """Arguments by name, bound by hand (a third of inspect's cost, paid on every call on
+        concrete arrays), or None where the call is not plainly well formed."""
+        if len(args) > len(self.names):
+            return None
+        values = dict(zip(self.names, args))
+        for name, value in kwargs.items():
+            if name in values or name not in self.defaults:
+                return None
+            values[name] = value
+        for name, default in self.defaults.items():
+            if name not in values:
+                if default is inspect.Parameter.empty:
+                    return None
+                values[name] = default
+        return values
+
     def bind(self, args, kwargs):
-        try:
-            bound = self.signature.bind(*args, **kwargs)
-        except TypeError as e:
-            raise TypeError(f"{self.name}(): {e}") from None
-        bound.apply_defaults()
-        values = bound.arguments
+        values = self._bind_plainly(args, kwargs)
+        if values is None:  # something is wrong: the signature says what
+            try:
+                bound = self.signature.bind(*args, **kwargs)
+            except TypeError as e:
+                raise TypeError(f"{self.name}(): {e}") from None
+            bound.apply_defaults()
+            values = bound.arguments
         tensors = []
         for name in self.tensor_names:
             t = values[name]
@@ -93,7 +119,7 @@ def _static_attr(op: _core.Op, name: str, kind: str, value):
     """An attribute as the plain Python value it stands for, checked by the C++ call path's own
     rules (NumPy and concrete JAX scalars pass, 2.0 is no int, ranges). Attributes are constants
     of the custom call, fixed when tracing, and the key of the traced-call cache."""
-    if isinstance(value, jax.core.Tracer):
+    if isinstance(value, _Tracer):
         raise TypeError(f"{op.name}(): '{name}' must be {'an' if kind == 'int' else 'a'} {kind} known when tracing "
                         "(attributes are static), got a traced value")
     return op.attr(name, value)
@@ -240,6 +266,19 @@ def _differentiable(name: str, names: tuple[str, ...], attr_items: tuple):
     return f
 
 
+# The status code of each kind of opforge error (bindings/jax/ffi_call.cc, status_code).
+_ERROR_TYPES = {"INVALID_ARGUMENT": TypeError, "OUT_OF_RANGE": ValueError,
+                "UNIMPLEMENTED": NotImplementedError, "FAILED_PRECONDITION": RuntimeError}
+
+
+def _typed_error(error: Exception) -> Exception:
+    """An error a kernel reported through XLA, as the exception the other frontends raise for it
+    (the message without XLA's status code); any other error as it is."""
+    code, _, message = str(error).partition(": ")
+    kind = _ERROR_TYPES.get(code)
+    return kind(message) if kind and message.split("(", 1)[0].isidentifier() else error
+
+
 def apply(name: str, *args, **kwargs):
     """Runs opforge op `name` on JAX arrays (what every generated function calls)."""
     op = _op(name)
@@ -249,11 +288,35 @@ def apply(name: str, *args, **kwargs):
     return _differentiable(name, names, tuple(sorted(attrs.items())))(*present)
 
 
+@functools.lru_cache(maxsize=None)
+def _compiled(name: str, names: tuple[str, ...], attr_items: tuple):
+    """The op's FFI call on these present tensors and attributes, jitted, for calls on concrete
+    arrays: one dispatch of a cached executable, a few tens of µs on the CPU, where JAX
+    evaluating the custom_vjp and its FFI call op by op costs ~1 ms. Nothing here is differentiated or batched
+    (a tracer would have taken apply), so neither wrapper is there to cost dispatch time."""
+    op = _op(name)
+    attrs = dict(attr_items)
+    return jax.jit(lambda *present: _ffi(op, names, present, attrs))
+
+
+def _traced(args, kwargs) -> bool:
+    return any(isinstance(a, _Tracer) for a in args) or any(isinstance(a, _Tracer) for a in kwargs.values())
+
+
 def _make_function(name: str):
     op = _op(name)
 
     def function(*args, **kwargs):
-        return apply(name, *args, **kwargs)
+        if _traced(args, kwargs):  # under jit, grad, vmap, ...
+            return apply(name, *args, **kwargs)
+        # Concrete arrays: one compiled call (_compiled), bound as under jit: the same checks and
+        # messages (a Python float is no array), attributes as plain hashable values.
+        tensors, attrs = op.bind(args, kwargs)
+        names = tuple(n for n, t in zip(op.tensor_names, tensors) if t is not None)
+        try:
+            return _compiled(name, names, tuple(sorted(attrs.items())))(*(t for t in tensors if t is not None))
+        except jax.errors.JaxRuntimeError as error:  # from the call itself on the CPU; a GPU's come later
+            raise _typed_error(error) from None
 
     function.__name__ = function.__qualname__ = name
     function.__module__ = __name__
@@ -272,13 +335,11 @@ def _add_ops(names: list[str]) -> None:
                 raise ImportError(f"opforge.jax: op '{name}' uses the reserved attribute name '{arg}'")
     for name in names:
         globals()[name] = _make_function(name)
-        # opforge.<op> given a tracer (under jit, grad, vmap) calls this function instead
-        # (bindings/python/function.cc); concrete arrays stay on its DLPack path.
+        # opforge.<op> given a tracer (under jit, grad, vmap), or JAX arrays only, calls this
+        # function instead (bindings/python/function.cc).
         getattr(_opforge, name)._jax_route = globals()[name]
 
 
-# jax.core.Tracer is the public name; the fallback is where it is defined, should a release
-# stop exporting it.
-_core._set_jax_tracer_type(getattr(jax.core, "Tracer", None) or importlib.import_module("jax._src.core").Tracer)
+_core._set_jax_tracer_type(_Tracer)  # opforge.<op> hands calls with a tracer to this module
 _add_ops(_core.op_names())
 del _platform, _capsule

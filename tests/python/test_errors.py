@@ -103,7 +103,9 @@ USER_ERRORS = [
      r"add\(\): 'x' is a torch tensor with its negative bit set \(a lazy negation\); call \.resolve_neg\(\) first"),
     # torch autograd is opforge.torch's job; the generic path must not drop gradients
     (lambda: opforge.add(torch.ones(3, requires_grad=True), W), TypeError,
-     r"add\(\): 'x' is a torch tensor that requires grad; call \.detach\(\) first"),
+     r"add\(\): 'x' is a torch tensor that requires grad; the DLPack path that arrays of mixed kinds take "
+     r"carries no autograd: call \.detach\(\) first, or pass torch tensors only \(then opforge\.torch\.add runs, "
+     r"with autograd\)$"),
     (lambda: opforge.rms_norm(X, torch.ones(3, requires_grad=True)), TypeError,
      r"rms_norm\(\): 'weight' is a torch tensor that requires grad"),
     # global settings

@@ -1,7 +1,7 @@
 """opforge.<op> routes a framework's own values to that framework's adapter (bindings/python/
 function.cc): torch tensors to opforge.torch.<op> (autograd, torch.compile, meta tensors), JAX
-tracers to opforge.jax.<op> (jit, grad, vmap). Anything else, mixtures included, takes the
-generic DLPack path. Each route is held to an independent reference, not to the adapter it
+tracers to opforge.jax.<op> (jit, grad, vmap), and JAX arrays alone there too (one compiled
+call). Anything else, mixtures included, takes the generic DLPack path. Each route is held to an independent reference, not to the adapter it
 calls, and to the same bits as that adapter.
 """
 
@@ -143,10 +143,49 @@ def test_vmap_takes_the_batch(rng):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
-def test_concrete_jax_arrays_stay_on_the_generic_path(rng):
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_concrete_jax_arrays_run_one_compiled_call(name, rng):
+    """JAX arrays alone go to opforge.jax, which runs one jitted call: the bits of jax.jit's,
+    and the reference's values."""
+    arrays, attrs = reference(name).sample(rng, rows=4, cols=9)
+    args = [jnp.asarray(a.astype(np.float32) if a.dtype == np.float64 else a) for a in arrays]
+    got = getattr(opforge, name)(*args, **attrs)
+    assert isinstance(got, jax.Array)
+    np.testing.assert_array_equal(got, jax.jit(lambda *a: getattr(oj, name)(*a, **attrs))(*args))
+    want = reference(name).numpy(*arrays, **attrs)
+    rtol, atol = TOLERANCES["float32"]
+    np.testing.assert_allclose(np.asarray(got), want, rtol=rtol, atol=atol)
+
+
+def test_concrete_jax_calls_raise_typed_errors():
+    """Errors a kernel finds while running come back through XLA with a status code per kind,
+    raised again as the type the other frontends raise; errors found while tracing are typed."""
+    x = jnp.ones((4, 3), jnp.float32)
+    for fn in (opforge.scatter_add, oj.scatter_add):
+        with pytest.raises(ValueError) as error:
+            fn(x, jnp.array([0, 1, 7, 9]), 5)
+        assert str(error.value) == "scatter_add(): 'index' must hold values in [0, dim_size) = [0, 5), got 7 at position 2"
+    with pytest.raises(ValueError, match=r"^rms_norm\(\): 'weight' must have shape \[3\], got \[2\]"):
+        opforge.rms_norm(x, jnp.ones(2, jnp.float32))
+    with pytest.raises(TypeError, match=r"^add\(\): 'y' must be an array, got float"):
+        oj.add(x, 1.0)  # bound before the compiled call, as under jit
+    with pytest.raises(TypeError, match=r"add_one\(\): 'x' must have dtype in \[.*\], got complex64"):
+        opforge.add_one(x.astype(jnp.complex64))
+
+
+def test_concrete_jax_attributes_may_be_arrays(rng):
+    """jit needs hashable attributes: a JAX scalar given as one is read as the number it holds."""
     x = jnp.asarray(rng.standard_normal((2, 8)).astype(np.float32))
-    assert type(opforge.relu(x)) is type(x)
-    np.testing.assert_array_equal(np.asarray(opforge.relu(x)), np.maximum(np.asarray(x), 0))
+    w = jnp.ones(8, jnp.float32)
+    np.testing.assert_array_equal(opforge.rms_norm(x, w, eps=jnp.float32(1e-3)), opforge.rms_norm(x, w, eps=1e-3))
+
+
+def test_mixed_jax_and_numpy_take_the_generic_path(rng):
+    x = jnp.asarray(rng.standard_normal((2, 8)).astype(np.float32))
+    y = rng.standard_normal(8).astype(np.float32)
+    got = opforge.add(x, y)
+    assert isinstance(got, jax.Array)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(x) + y)
 
 
 @pytest.mark.parametrize("order", ["jax first", "opforge first"])
