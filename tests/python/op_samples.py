@@ -93,3 +93,18 @@ def sample(name, rng, dtype, rows=5, cols=33, grad=False, device="cpu"):
     for n, t in zip(tensor_names(name), tensors):
         t.requires_grad_(n in wanted)
     return tensors, attrs
+
+
+def check_grads_against_reference(fn, name, rng):
+    """fn (an entry point of op `name`: opforge.torch.<op>, opforge.<op>) differentiated in float64
+    against the op's torch reference, a tight bar; returns the inputs and fn's result."""
+    tensors, attrs = sample(name, rng, "float64", rows=4, cols=9, grad=True)
+    copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+    got = fn(*tensors, **attrs)
+    got.sin().sum().backward()
+    reference(name).torch(*copies, **attrs).sin().sum().backward()
+    for t, c in zip(tensors, copies):
+        assert (t.grad is None) == (c.grad is None)
+        if t.grad is not None:
+            torch.testing.assert_close(t.grad, c.grad, rtol=1e-10, atol=1e-12)
+    return tensors, attrs, got

@@ -1,8 +1,8 @@
 """opforge.<op> routes a framework's own values to that framework's adapter (bindings/python/
 function.cc): torch tensors to opforge.torch.<op> (autograd, torch.compile, meta tensors), JAX
 tracers to opforge.jax.<op> (jit, grad, vmap), and JAX arrays alone there too (one compiled
-call). Anything else, mixtures included, takes the generic DLPack path. Each route is held to an independent reference, not to the adapter it
-calls, and to the same bits as that adapter.
+call). Anything else, mixtures included, takes the generic DLPack path. Each route is held to
+an independent reference, not to the adapter it calls, and to the same bits as that adapter.
 """
 
 import subprocess
@@ -18,7 +18,8 @@ import jax.numpy as jnp  # noqa: E402
 import opforge  # noqa: E402
 import opforge.jax as oj  # noqa: E402
 import opforge.torch as ot  # noqa: E402
-from op_samples import CORE, OPS, WITH_REFERENCE, reference, sample, tensor_names  # noqa: E402
+from op_samples import (CORE, OPS, WITH_REFERENCE, check_grads_against_reference, reference,  # noqa: E402
+                        tensor_names)
 from opforge.testing import TOLERANCES  # noqa: E402
 
 DIFFERENTIABLE = [n for n in OPS if CORE[n].backward and n in WITH_REFERENCE]
@@ -33,17 +34,9 @@ def test_every_op_has_both_routes():
 
 @pytest.mark.parametrize("name", DIFFERENTIABLE)
 def test_torch_tensors_get_autograd(name, rng):
-    """float64, so the reference's gradients are a tight bar; the torch op gives the same bits."""
-    tensors, attrs = sample(name, rng, "float64", rows=4, cols=9, grad=True)
-    copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
-    got = getattr(opforge, name)(*tensors, **attrs)
+    """Gradients against the reference's in float64; the forward is the torch op's, bit for bit."""
+    tensors, attrs, got = check_grads_against_reference(getattr(opforge, name), name, rng)
     assert torch.equal(got.detach(), getattr(ot, name)(*[t.detach() for t in tensors], **attrs))
-    got.sin().sum().backward()
-    reference(name).torch(*copies, **attrs).sin().sum().backward()
-    for t, c in zip(tensors, copies):
-        assert (t.grad is None) == (c.grad is None)
-        if t.grad is not None:
-            torch.testing.assert_close(t.grad, c.grad, rtol=1e-10, atol=1e-12)
 
 
 def test_torch_call_takes_keywords_and_defaults(rng):
@@ -164,7 +157,8 @@ def test_concrete_jax_calls_raise_typed_errors():
     for fn in (opforge.scatter_add, oj.scatter_add):
         with pytest.raises(ValueError) as error:
             fn(x, jnp.array([0, 1, 7, 9]), 5)
-        assert str(error.value) == "scatter_add(): 'index' must hold values in [0, dim_size) = [0, 5), got 7 at position 2"
+        assert str(error.value) == ("scatter_add(): 'index' must hold values in [0, dim_size) = [0, 5), "
+                                    "got 7 at position 2")
     with pytest.raises(ValueError, match=r"^rms_norm\(\): 'weight' must have shape \[3\], got \[2\]"):
         opforge.rms_norm(x, jnp.ones(2, jnp.float32))
     with pytest.raises(TypeError, match=r"^add\(\): 'y' must be an array, got float"):

@@ -23,7 +23,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import opforge.torch as ot  # noqa: E402
 from opforge.testing import FLOAT_DTYPES, STRIDED_KINDS, TOLERANCES, strided, torch_ops_dispatched  # noqa: E402
-from op_samples import CORE, OPS, WITH_REFERENCE, dtypes, reference, sample, significant, torch_strides  # noqa: E402
+from op_samples import (CORE, OPS, WITH_REFERENCE, check_grads_against_reference, dtypes, reference,  # noqa: E402
+                        sample, significant, torch_strides)
 
 DIFFERENTIABLE = [n for n in OPS if CORE[n].backward]
 ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -54,14 +55,7 @@ def test_gradcheck_float64(name, device, rng):
 
 @pytest.mark.parametrize("name", [n for n in DIFFERENTIABLE if n in WITH_REFERENCE])
 def test_grad_matches_reference_grad(name, rng):
-    tensors, attrs = sample(name, rng, "float64", rows=4, cols=9, grad=True)
-    copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
-    getattr(ot, name)(*tensors, **attrs).sin().sum().backward()
-    reference(name).torch(*copies, **attrs).sin().sum().backward()
-    for t, c in zip(tensors, copies):
-        assert (t.grad is None) == (c.grad is None)
-        if t.grad is not None:
-            torch.testing.assert_close(t.grad, c.grad, rtol=1e-10, atol=1e-12)
+    check_grads_against_reference(getattr(ot, name), name, rng)
 
 
 def test_op_without_backward_raises_when_differentiated(rng):
