@@ -6,7 +6,7 @@ Where torch is installed, every op is also a real torch operator, torch.ops.opfo
 autograd and torch.compile (see opforge.torch): it is defined as soon as both opforge and torch
 are imported, in either order, without `import opforge` importing torch itself. Given only torch
 tensors, opforge.<op> calls opforge.torch.<op> (autograd, torch.compile); given a JAX tracer
-(under jit, grad, vmap), opforge.jax.<op>.
+(under jit, grad, vmap) or only JAX arrays, opforge.jax.<op>.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ shapes come from the op's C++ shape rule, so bad inputs fail at trace time with 
 messages. ``jax.grad`` works through ops that declare a backward op (a ``jax.custom_vjp``
 calls it); ``jax.vmap`` works everywhere: ops that map over the leading dimensions of their
 arguments take the batch as one more leading dimension (one call), others run a
-``lax.map`` over the batch.
+``lax.map`` over the batch. Called on concrete arrays, an op runs as one jitted custom call,
+and errors its kernel reports while running come back as the typed exceptions the other
+frontends raise. opforge.<op> hands JAX arrays and tracers here.
 """
 
 from __future__ import annotations
@@ -292,14 +294,16 @@ def apply(name: str, *args, **kwargs):
 def _compiled(name: str, names: tuple[str, ...], attr_items: tuple):
     """The op's FFI call on these present tensors and attributes, jitted, for calls on concrete
     arrays: one dispatch of a cached executable, a few tens of µs on the CPU, where JAX
-    evaluating the custom_vjp and its FFI call op by op costs ~1 ms. Nothing here is differentiated or batched
-    (a tracer would have taken apply), so neither wrapper is there to cost dispatch time."""
+    evaluating the custom_vjp and its FFI call op by op costs ~1 ms. Nothing here is
+    differentiated or batched (a tracer would have taken apply), so neither wrapper is there
+    to cost dispatch time."""
     op = _op(name)
     attrs = dict(attr_items)
     return jax.jit(lambda *present: _ffi(op, names, present, attrs))
 
 
 def _traced(args, kwargs) -> bool:
+    """Whether an argument is a tracer: the call is being traced (jit, grad, vmap, export)."""
     return any(isinstance(a, _Tracer) for a in args) or any(isinstance(a, _Tracer) for a in kwargs.values())
 
 
