@@ -109,6 +109,23 @@ def test_torch_compile_fullgraph_puts_the_torch_op_in_the_graph(rng):
     assert any("torch.ops.opforge.rms_norm_backward" in g for g in graphs), graphs
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+def test_torch_export_records_the_torch_op(strict, rng):
+    class Norm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.from_numpy(rng.standard_normal(16).astype(np.float32)))
+
+        def forward(self, x):
+            return opforge.rms_norm(x, self.w, eps=1e-6) * 2
+
+    model, x = Norm(), torch.from_numpy(rng.standard_normal((4, 16)).astype(np.float32))
+    exported = torch.export.export(model, (x,), strict=strict)
+    targets = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    assert torch.ops.opforge.rms_norm.default in targets, targets
+    assert torch.equal(exported.module()(x), model(x))
+
+
 @pytest.mark.parametrize("name", DIFFERENTIABLE)
 def test_jax_tracers_take_opforge_jax(name, rng):
     """Under jit the result is opforge.jax's bit for bit; grad against the reference's, in float32."""
