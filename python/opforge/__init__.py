@@ -176,12 +176,13 @@ def load_plugin(library: str | _Path) -> list[str]:
 
 def _load_adapter(module: str, what: str) -> None:
     """Imports opforge.torch or opforge.jax. A failure (say, a framework older than the adapter
-    supports) is a warning here, not a failed `import opforge` or `import torch`."""
+    supports, or one whose API moved) is a warning here, not a failed `import opforge`,
+    `import torch` or `import jax`; importing the adapter itself then raises the error."""
     if module in _sys.modules:
         return
     try:
         _importlib.import_module(module)
-    except ImportError as error:
+    except Exception as error:  # any: see the docstring
         _warnings.warn(f"opforge: {what} unavailable: {error}", stacklevel=3)
 
 
@@ -232,4 +233,4 @@ def _when_imported(name: str, then) -> None:
 if (_Path(__file__).with_name("libopforge_torch.so")).exists():
     _when_imported("torch", lambda: _load_adapter("opforge.torch", "torch.ops.opforge is"))
 if hasattr(_core, "jax_ffi"):
-    _when_imported("jax", lambda: _load_adapter("opforge.jax", "opforge.jax and JAX tracers in opforge.<op> are"))
+    _when_imported("jax", lambda: _load_adapter("opforge.jax", "opforge.jax (and opforge.<op> under jax.jit) is"))

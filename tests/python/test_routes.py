@@ -220,3 +220,17 @@ def test_dynamo_loaded_later_compiles_without_warnings():
     out = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[0.0, 6.0]"
+
+
+def test_a_broken_adapter_is_a_warning_not_a_failed_import():
+    """An adapter that fails as its framework loads (here JAX refusing the FFI handler) costs a
+    warning: opforge imports, NumPy calls work, and JAX arrays take the generic path."""
+    code = ("import jax, jax.ffi, numpy as np\n"
+            "def refuse(*args, **kwargs):\n    raise RuntimeError('no FFI here')\n"
+            "jax.ffi.register_ffi_target = refuse\n"
+            "import opforge, sys\nassert 'opforge.jax' not in sys.modules\n"
+            "print(opforge.relu(np.array([-1.0, 2.0])).tolist(), opforge.relu(jax.numpy.array([-3.0])).tolist())")
+    out = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[0.0, 2.0] [0.0]"
+    assert "opforge: opforge.jax (and opforge.<op> under jax.jit) is unavailable: no FFI here" in out.stderr
