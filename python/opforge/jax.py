@@ -290,13 +290,14 @@ def apply(name: str, *args, **kwargs):
     return _differentiable(name, names, tuple(sorted(attrs.items())))(*present)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=256)
 def _compiled(name: str, names: tuple[str, ...], attr_items: tuple):
     """The op's FFI call on these present tensors and attributes, jitted, for calls on concrete
     arrays: one dispatch of a cached executable, a few tens of µs on the CPU, where JAX
     evaluating the custom_vjp and its FFI call op by op costs ~1 ms. Nothing here is
     differentiated or batched (a tracer would have taken apply), so neither wrapper is there
-    to cost dispatch time."""
+    to cost dispatch time. Each new attribute value compiles anew (tens of ms), as under jit;
+    the cache is bounded so that a loop over changing values does not keep them all."""
     op = _op(name)
     attrs = dict(attr_items)
     return jax.jit(lambda *present: _ffi(op, names, present, attrs))
