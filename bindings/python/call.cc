@@ -94,14 +94,11 @@ AttrValue attr_from_python(const OpDef& op, const ArgSpec& arg, nb::handle value
   fail(ErrorKind::runtime, "attr_from_python: not an attribute");
 }
 
-namespace {
-
-// Orders positional and keyword arguments by the schema, like a Python signature would.
-std::vector<nb::handle> bind(const OpDef& op, const CallArgs& args) {
+BoundArgs bind(const OpDef& op, const CallArgs& args) {
   const auto& specs = op.schema().args;
   if (args.positional > specs.size())
     fail(ErrorKind::type, op.name(), "() takes ", specs.size(), " arguments but ", args.positional, " were given");
-  std::vector<nb::handle> bound(specs.size());
+  BoundArgs bound(specs.size());
   for (size_t i = 0; i < args.positional; ++i) bound[i] = args.values[i];
   const size_t keywords = args.keywords ? static_cast<size_t>(PyTuple_GET_SIZE(args.keywords)) : 0;
   for (size_t k = 0; k < keywords; ++k) {
@@ -119,6 +116,8 @@ std::vector<nb::handle> bind(const OpDef& op, const CallArgs& args) {
       fail(ErrorKind::type, op.name(), "() missing required argument '", specs[i].name, "'");
   return bound;
 }
+
+namespace {
 
 // A torch tensor's DLPack capsule (invalid where the generic import should take the tensor),
 // after the checks an export cannot make: DLPack carries neither autograd nor the negative bit,
@@ -152,8 +151,7 @@ CallArgs call_args(const nb::args& args, const nb::kwargs& kwargs, CallArgsStora
   return {storage.values.data(), args.size(), storage.keywords.ptr()};
 }
 
-PreparedCall prepare_call(const OpDef& op, const CallArgs& args) {
-  const std::vector<nb::handle> bound = bind(op, args);
+PreparedCall prepare_call(const OpDef& op, const BoundArgs& bound) {
   const auto& specs = op.schema().args;
   PreparedCall call;
   OpInputs& inputs = call.inputs;
@@ -256,8 +254,8 @@ nb::list infer_call(const OpDef& op, const nb::sequence& tensors, const nb::dict
   return out;
 }
 
-nb::object call_op(const OpDef& op, const CallArgs& args) {
-  const PreparedCall call = prepare_call(op, args);
+nb::object call_op(const OpDef& op, const BoundArgs& bound) {
+  const PreparedCall call = prepare_call(op, bound);
   const OpInputs& inputs = call.inputs;
   const Selection& selection = call.selection;
   const Outputs& specs_out = call.outputs;

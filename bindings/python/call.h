@@ -35,7 +35,14 @@ struct CallArgsStorage {
 };
 CallArgs call_args(const nanobind::args& args, const nanobind::kwargs& kwargs, CallArgsStorage& storage);
 
-PreparedCall prepare_call(const OpDef& op, const CallArgs& args);
+// A call's arguments in schema order: one per schema argument, null where the caller gave none.
+using BoundArgs = std::vector<nanobind::handle>;
+
+// Orders positional and keyword arguments by the schema as a Python signature would, with
+// Python's errors (TypeError naming the op): too many, unknown or repeated, or missing.
+BoundArgs bind(const OpDef& op, const CallArgs& args);
+
+PreparedCall prepare_call(const OpDef& op, const BoundArgs& bound);
 
 // Binds one Python value to a non-tensor schema argument; TypeError on the wrong kind.
 AttrValue attr_from_python(const OpDef& op, const ArgSpec& arg, nanobind::handle value);
@@ -47,6 +54,6 @@ AttrValue attr_from_python(const OpDef& op, const ArgSpec& arg, nanobind::handle
 // the same checks and messages as eager calls.
 nanobind::list infer_call(const OpDef& op, const nanobind::sequence& tensors, const nanobind::dict& attrs);
 
-nanobind::object call_op(const OpDef& op, const CallArgs& args);
+nanobind::object call_op(const OpDef& op, const BoundArgs& bound);
 
 }  // namespace opforge::python

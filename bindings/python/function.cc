@@ -2,7 +2,6 @@
 
 #include <structmember.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <exception>
 #include <utility>
@@ -41,35 +40,24 @@ PyObject* route_or_null(PyObject* route) { return route == Py_None ? nullptr : r
 // tensor, opforge.torch.<op> runs it: autograd, torch's own operator (FakeTensor, functorch,
 // forge, CUDA streams), and under half the generic path's cost per call. Mixtures (torch with
 // NumPy, say) and anything unrecognized stay generic.
-PyObject* framework_route(const FunctionObject& function, const CallArgs& args) {
+PyObject* framework_route(const FunctionObject& function, const BoundArgs& bound) {
   PyObject* const torch_route = route_or_null(function.torch_route);
   PyObject* const jax_route = route_or_null(function.jax_route);
   if (!torch_route && !jax_route) return nullptr;
   const auto& specs = function.op->schema().args;
   bool torch_tensors = false, jax_arrays = false, other_arrays = false;
-  auto is_tracer = [&](const ArgSpec& spec, PyObject* value) {  // and notes the kind of the rest
-    if (!spec.is_tensor() || value == Py_None) return false;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    PyObject* const value = bound[i].ptr();
+    if (!specs[i].is_tensor() || !value || value == Py_None) continue;
     switch (framework_of(value)) {
       case Framework::jax:
         if (jax_tracer_type && PyObject_TypeCheck(value, reinterpret_cast<PyTypeObject*>(jax_tracer_type)))
-          return true;
+          return jax_route;
         jax_arrays = true;
         break;
       case Framework::torch: torch_tensors = true; break;
       default: other_arrays = true;
     }
-    return false;
-  };
-  const size_t positional = std::min(args.positional, specs.size());
-  for (size_t i = 0; i < positional; ++i)
-    if (is_tracer(specs[i], args.values[i])) return jax_route;
-  const Py_ssize_t keywords = args.keywords ? PyTuple_GET_SIZE(args.keywords) : 0;
-  for (Py_ssize_t k = 0; k < keywords; ++k) {
-    Py_ssize_t length = 0;
-    const char* name = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(args.keywords, k), &length);
-    if (!name) throw nb::python_error();
-    const int64_t i = function.op->schema().arg_index(std::string_view(name, static_cast<size_t>(length)));
-    if (i >= 0 && is_tracer(specs[i], args.values[args.positional + k])) return jax_route;
   }
   if (other_arrays || torch_tensors == jax_arrays) return nullptr;  // mixed, or no array at all
   return torch_tensors ? torch_route : jax_route;
@@ -78,10 +66,12 @@ PyObject* framework_route(const FunctionObject& function, const CallArgs& args) 
 PyObject* function_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* keywords) {
   const auto& function = *reinterpret_cast<FunctionObject*>(self);
   try {
-    const CallArgs call{args, static_cast<size_t>(PyVectorcall_NARGS(nargsf)), keywords};
+    // Bound once, by the schema, for both paths: a routed call with the wrong arguments gets the
+    // same TypeError as any other.
+    const BoundArgs bound = bind(*function.op, {args, static_cast<size_t>(PyVectorcall_NARGS(nargsf)), keywords});
     // The framework's function raises its own Python errors: nothing to carry across here.
-    if (PyObject* route = framework_route(function, call)) return PyObject_Vectorcall(route, args, nargsf, keywords);
-    return call_op(*function.op, call).release().ptr();
+    if (PyObject* route = framework_route(function, bound)) return PyObject_Vectorcall(route, args, nargsf, keywords);
+    return call_op(*function.op, bound).release().ptr();
   } catch (...) {
     pending = std::current_exception();
   }

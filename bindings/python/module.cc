@@ -122,7 +122,7 @@ NB_MODULE(_core, m) {
   nb::class_<PyOp>(m, "Op")
       .def("__call__", [](const PyOp& self, nb::args args, nb::kwargs kwargs) {
         python::CallArgsStorage storage;
-        return python::call_op(*self.op, python::call_args(args, kwargs, storage));
+        return python::call_op(*self.op, python::bind(*self.op, python::call_args(args, kwargs, storage)));
       })
       .def("fail_unsupported_dtype",
            [](const PyOp& self, const std::string& arg, const std::string& got) {
@@ -133,7 +133,8 @@ NB_MODULE(_core, m) {
       .def("backend_for",
            [](const PyOp& self, nb::args args, nb::kwargs kwargs) {
              python::CallArgsStorage storage;
-             return python::prepare_call(*self.op, python::call_args(args, kwargs, storage)).selection.backend->name();
+             const python::BoundArgs bound = python::bind(*self.op, python::call_args(args, kwargs, storage));
+             return python::prepare_call(*self.op, bound).selection.backend->name();
            },
            "The backend a call with these arguments would run on (validates, runs nothing).")
       .def("infer",

@@ -60,6 +60,27 @@ def test_torch_errors_keep_their_type_and_wording():
         opforge.add(torch.ones(2), torch.ones(2), z=1)
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch", "jax", "jax tracer"])
+def test_wrong_arguments_get_one_error_whatever_the_arrays(kind):
+    """The call is bound by the schema before it is routed: the same TypeError, word for word,
+    whichever framework's arrays (or tracers) it was given."""
+    make = {"numpy": np.ones, "torch": torch.ones, "jax": jnp.ones, "jax tracer": jnp.ones}[kind]
+    calls = {
+        "add() missing required argument 'y'": lambda x: opforge.add(x),
+        "add() takes 2 arguments but 3 were given": lambda x: opforge.add(x, x, x),
+        "add() got an unexpected keyword argument 'z'": lambda x: opforge.add(x, x, z=x),
+        "add() got multiple values for argument 'x'": lambda x: opforge.add(x, x=x),
+        "rms_norm() missing required argument 'weight'": lambda x: opforge.rms_norm(x, eps=1e-3),
+    }
+    for message, call in calls.items():
+        with pytest.raises(TypeError) as error:
+            if kind == "jax tracer":
+                jax.jit(call)(make(4))
+            else:
+                call(make(4))
+        assert str(error.value) == message, (kind, message)
+
+
 def test_mixtures_take_the_generic_path(rng):
     x = rng.standard_normal((2, 5)).astype(np.float32)
     t = torch.from_numpy(rng.standard_normal((2, 5)).astype(np.float32))
