@@ -20,7 +20,7 @@ fi
 # torch is pinned: an unpinned torch pulls gigabytes of CUDA wheels. CMake from PyPI because
 # Debian's 3.25 cannot pass C++20 to nvcc.
 python3 -m pip install -q --disable-pip-version-check \
-  "torch==2.13.0" "jax==0.10.2" "jaxlib==0.10.2" "numpy>=1.24" "pytest>=8" \
+  "torch==2.13.0" "jax==0.10.2" "jaxlib==0.10.2" "numpy>=1.24" "pytest>=8" "pytest-xdist>=3" \
   "nanobind>=2.2" "scikit-build-core>=0.10" "cmake>=3.28" ninja matplotlib flatbuffers
 
 # ggml's own CPU library: the reference of the ggml-format ops' tests (tests/python/test_ggml.py)

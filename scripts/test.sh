@@ -25,7 +25,14 @@ if [[ -x build/arm64/python3 ]]; then
     ops/{rope,scatter_add_backward,quantize_q4_0,quantize_q8_0,matmul_q}/test_*.py tests/python/test_output_mask_bits.py \
     tests/python/test_numpy_arrays.py
 fi
-python3 -m pytest
+# Two processes on two cores (pytest-xdist; a file's tests stay in one process, in order):
+# ~35% less time than one (9 min -> under 6 on the 2-core CI machine), which is compile-,
+# subprocess- and Python-bound. The thread pools then share the cores: tests assert no timings.
+if python3 -c "import xdist" 2> /dev/null; then
+  python3 -m pytest -n auto --maxprocesses 4 --dist loadfile
+else
+  python3 -m pytest
+fi
 # The GPU tests' own plumbing (samples, comparisons) on the CPU backend: a mistake there would
 # otherwise surface only in the rare session with a GPU.
 OPFORGE_TEST_DEVICE=cpu python3 -m pytest -q tests/python/test_cuda.py
