@@ -29,6 +29,12 @@ Framework framework_of(nb::handle obj) {
   return f;
 }
 
+std::string python_type_name(nb::handle obj) {
+  return nb::cast<std::string>(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))).attr("__name__"));
+}
+
+std::string python_str(nb::handle obj) { return nb::cast<std::string>(nb::str(obj)); }
+
 bool import_array(nb::handle obj, nb::ndarray<nb::ro>& out) {
   // convert=false: never copy, never cast a Python list into an array behind the user's back.
   return nb::try_cast(obj, out, false);
@@ -47,8 +53,9 @@ nb::object torch_cpu_capsule(nb::handle tensor) {
   return nb::steal(capsule);
 }
 
-TensorView view_of(const nb::ndarray<nb::ro>& a) {
-  TensorView view;
+namespace {
+template <typename Array>
+TensorView view_of_any(const Array& a) {
   DLTensor t{};
   t.data = const_cast<void*>(a.data());
   t.device.device_type = static_cast<DLDeviceType>(a.device_type());
@@ -59,6 +66,10 @@ TensorView view_of(const nb::ndarray<nb::ro>& a) {
   t.strides = const_cast<int64_t*>(a.stride_ptr());
   return from_dlpack(t);
 }
+}  // namespace
+
+TensorView view_of(const nb::ndarray<nb::ro>& a) { return view_of_any(a); }
+TensorView view_of(const nb::ndarray<>& a) { return view_of_any(a); }
 
 namespace {
 struct Owner {

@@ -18,9 +18,15 @@ enum class Framework { numpy, torch, jax, cupy, other };
 // Which library `obj` belongs to, from its type's module (cached per type).
 Framework framework_of(nb::handle obj);
 
+// The name of `obj`'s type ("ndarray", "Tensor"), for error messages.
+std::string python_type_name(nb::handle obj);
+// str(obj), for error messages.
+std::string python_str(nb::handle obj);
+
 // Imports `obj` without copying. Returns false when it is not an array.
 bool import_array(nb::handle obj, nb::ndarray<nb::ro>& out);
 TensorView view_of(const nb::ndarray<nb::ro>& array);
+TensorView view_of(const nb::ndarray<>& array);  // a writable one (out=)
 
 // `module.name`, looked up on first use into `cache` and kept for the process's life (the
 // module's functions outlive any call). Called with the GIL held. Not a C++ function-level

@@ -1,5 +1,6 @@
 #include "call.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -8,17 +9,12 @@
 
 #include "arrays.h"
 #include "numpy_arrays.h"
+#include "out_arrays.h"
 #include "opforge/dispatch.h"
 
 namespace opforge::python {
 
 namespace {
-
-std::string python_type_name(nb::handle obj) {
-  return nb::cast<std::string>(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))).attr("__name__"));
-}
-
-std::string python_str(nb::handle obj) { return nb::cast<std::string>(nb::str(obj)); }
 
 [[noreturn]] void arg_error(const OpDef& op, const ArgSpec& arg, const char* expected, nb::handle got) {
   fail(ErrorKind::type, op.name(), "(): '", arg.name, "' must be ", expected, ", got ", python_type_name(got));
@@ -98,8 +94,9 @@ BoundArgs bind(const OpDef& op, const CallArgs& args) {
   const auto& specs = op.schema().args;
   if (args.positional > specs.size())
     fail(ErrorKind::type, op.name(), "() takes ", specs.size(), " arguments but ", args.positional, " were given");
-  BoundArgs bound(specs.size());
-  for (size_t i = 0; i < args.positional; ++i) bound[i] = args.values[i];
+  BoundArgs bound{std::vector<nb::handle>(specs.size()), nb::handle()};
+  std::vector<nb::handle>& values = bound.values;
+  for (size_t i = 0; i < args.positional; ++i) values[i] = args.values[i];
   const size_t keywords = args.keywords ? static_cast<size_t>(PyTuple_GET_SIZE(args.keywords)) : 0;
   for (size_t k = 0; k < keywords; ++k) {
     Py_ssize_t length = 0;
@@ -107,38 +104,42 @@ BoundArgs bind(const OpDef& op, const CallArgs& args) {
     if (!text) throw nb::python_error();
     const std::string_view name(text, static_cast<size_t>(length));
     const int64_t i = op.schema().arg_index(name);
+    if (i < 0 && name == "out") {  // None: no out=, as NumPy reads it
+      if (args.values[args.positional + k] != Py_None) bound.out = args.values[args.positional + k];
+      continue;
+    }
     if (i < 0) fail(ErrorKind::type, op.name(), "() got an unexpected keyword argument '", name, "'");
-    if (bound[i].ptr()) fail(ErrorKind::type, op.name(), "() got multiple values for argument '", name, "'");
-    bound[i] = args.values[args.positional + k];
+    if (values[i].ptr()) fail(ErrorKind::type, op.name(), "() got multiple values for argument '", name, "'");
+    values[i] = args.values[args.positional + k];
   }
   for (size_t i = 0; i < specs.size(); ++i)
-    if (!bound[i].ptr() && !specs[i].has_default())
+    if (!values[i].ptr() && !specs[i].has_default())
       fail(ErrorKind::type, op.name(), "() missing required argument '", specs[i].name, "'");
   return bound;
 }
 
-namespace {
-
-// A torch tensor's DLPack capsule (invalid where the generic import should take the tensor),
-// after the checks an export cannot make: DLPack carries neither autograd nor the negative bit,
-// and to_dlpack (ours for CPU tensors, nanobind's fallback for others) exports such a tensor
-// anyway, so the result would silently carry no gradient or the wrong sign.
-nb::object checked_torch_capsule(const OpDef& op, const ArgSpec& spec, nb::handle value) {
+nb::object checked_torch_capsule(const OpDef& op, std::string_view name, nb::handle value, bool writes_out) {
+  // to_dlpack (ours for CPU tensors, nanobind's fallback for others) exports a tensor that
+  // requires grad, or has its negative bit set, anyway: the result would silently carry no
+  // gradient or the wrong sign.
   static PyObject* is_grad_enabled = nullptr;
   if (nb::cast<bool>(value.attr("requires_grad")) &&
-      nb::cast<bool>(nb::handle(module_function(is_grad_enabled, "torch", "is_grad_enabled"))()))
-    fail(ErrorKind::type, op.name(), "(): '", spec.name,
+      nb::cast<bool>(nb::handle(module_function(is_grad_enabled, "torch", "is_grad_enabled"))())) {
+    if (writes_out)
+      fail(ErrorKind::type, op.name(), "(): '", name,
+           "' is a torch tensor that requires grad, and out= does not support autograd (as torch's own out= "
+           "variants): call it under torch.no_grad(), or without out=");
+    fail(ErrorKind::type, op.name(), "(): '", name,
          "' is a torch tensor that requires grad; the DLPack path that arrays of mixed kinds take carries "
          "no autograd: call .detach() first, or pass torch tensors only (then opforge.torch.", op.name(),
          " runs, with autograd)");
+  }
   // (The conjugate bit exists only on complex tensors, which the dtype check refuses.)
   if (nb::cast<bool>(value.attr("is_neg")()))
-    fail(ErrorKind::type, op.name(), "(): '", spec.name,
+    fail(ErrorKind::type, op.name(), "(): '", name,
          "' is a torch tensor with its negative bit set (a lazy negation); call .resolve_neg() first");
   return torch_cpu_capsule(value);
 }
-
-}  // namespace
 
 CallArgs call_args(const nb::args& args, const nb::kwargs& kwargs, CallArgsStorage& storage) {
   for (nb::handle value : args) storage.values.push_back(value.ptr());
@@ -151,7 +152,9 @@ CallArgs call_args(const nb::args& args, const nb::kwargs& kwargs, CallArgsStora
   return {storage.values.data(), args.size(), storage.keywords.ptr()};
 }
 
-PreparedCall prepare_call(const OpDef& op, const BoundArgs& bound) {
+PreparedCall prepare_call(const OpDef& op, const BoundArgs& bound_args) {
+  const std::vector<nb::handle>& bound = bound_args.values;
+  const bool writes_out = bound_args.out.ptr() != nullptr;
   const auto& specs = op.schema().args;
   PreparedCall call;
   OpInputs& inputs = call.inputs;
@@ -181,7 +184,8 @@ PreparedCall prepare_call(const OpDef& op, const BoundArgs& bound) {
       }
     }
     // A torch CPU tensor is imported from to_dlpack's capsule (checked first); others directly.
-    nb::object capsule = framework == Framework::torch ? checked_torch_capsule(op, spec, value) : nb::object();
+    nb::object capsule =
+        framework == Framework::torch ? checked_torch_capsule(op, spec.name, value, writes_out) : nb::object();
     nb::handle source = capsule.is_valid() ? nb::handle(capsule) : value;
     call.arrays.emplace_back();
     if (!import_array(source, call.arrays.back())) {
@@ -189,7 +193,8 @@ PreparedCall prepare_call(const OpDef& op, const BoundArgs& bound) {
       if (nb::hasattr(value, "dtype") && nb::hasattr(value, "device"))
         fail(ErrorKind::type, op.name(), "(): '", spec.name, "' is a ", python_type_name(value), " with dtype ",
              python_str(value.attr("dtype")), " on ", python_str(value.attr("device")),
-             ", which opforge cannot read without a copy");
+             ", which opforge cannot read without a copy",
+             writes_out ? kOutNeedsMemory : "");
       arg_error(op, spec, "an array (NumPy, torch, JAX, CuPy, or any DLPack or buffer-protocol object)", value);
     }
     const nb::dlpack::dtype dtype = call.arrays.back().dtype();
@@ -197,7 +202,8 @@ PreparedCall prepare_call(const OpDef& op, const BoundArgs& bound) {
     try {
       inputs.tensors.emplace_back(view_of(call.arrays.back()));
     } catch (const Error& e) {
-      fail(e.kind(), op.name(), "(): '", spec.name, "' has ", e.what());  // e.g. a device DLPack has, opforge not
+      // e.g. a device DLPack has, opforge not
+      fail(e.kind(), op.name(), "(): '", spec.name, "' has ", e.what(), writes_out ? kOutNeedsMemory : "");
     }
     // A JAX GPU array may still be computing on a stream we cannot see: wait for it.
     if (inputs.tensors.back()->device.type == DeviceType::cuda && framework == Framework::jax)
@@ -262,14 +268,20 @@ nb::object call_op(const OpDef& op, const BoundArgs& bound) {
   const Framework framework = call.framework;
   const Device device = device_of(inputs);
   void* stream = current_stream(framework, device);
-  std::vector<Allocation> results;
+  const OutArrays given = bound.out.ptr() ? out_arrays(op, bound.out, call) : OutArrays{};
+  std::vector<std::optional<Allocation>> results(specs_out.size());  // those not given by out=
   std::vector<TensorView> views;
   try {
-    for (const auto& out : specs_out) {
+    for (size_t i = 0; i < specs_out.size(); ++i) {
+      if (!given.views.empty() && given.views[i]) {
+        views.push_back(*given.views[i]);
+        continue;
+      }
+      const OutputSpec& out = specs_out[i];
       // JAX arrays are row-major whatever the inputs' layout (another framework's input can lead).
       const auto strides = framework == Framework::jax ? contiguous_strides(out.shape) : out.strides;
-      results.push_back(allocate(*selection.backend, out.dtype, out.shape, strides, device, stream));
-      views.push_back(results.back().view);
+      results[i] = allocate(*selection.backend, out.dtype, out.shape, strides, device, stream);
+      views.push_back(results[i]->view);
     }
   } catch (const Error& error) {
     fail_result_allocation(op, error);
@@ -281,7 +293,8 @@ nb::object call_op(const OpDef& op, const BoundArgs& bound) {
     // them early) must wait for it: stream-ordered memory is not freed in order on its own.
     auto fence_results = [&] {
       if (device.type == DeviceType::cuda && !waits)
-        for (const Allocation& r : results) r.fence(stream);
+        for (const auto& r : results)
+          if (r) r->fence(stream);
     };
     try {
       run_kernel(op, selection, inputs, views, stream);
@@ -295,9 +308,14 @@ nb::object call_op(const OpDef& op, const BoundArgs& bound) {
     fence_results();
     if (waits) selection.backend->synchronize(device, stream);
   }
-  if (results.size() == 1) return wrap(results[0], framework);
+  if (bound.out.ptr()) mark_written(given);
+  auto result = [&](size_t i) {
+    return !given.objects.empty() && given.objects[i].is_valid() ? given.objects[i] : wrap(*results[i], framework);
+  };
+  // One result: the array itself, unless out= came as a tuple (NumPy's ufuncs answer alike).
+  if (results.size() == 1 && !given.sequence) return result(0);
   nb::list out;
-  for (const auto& r : results) out.append(wrap(r, framework));
+  for (size_t i = 0; i < results.size(); ++i) out.append(result(i));
   return nb::tuple(out);
 }
 

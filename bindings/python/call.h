@@ -4,6 +4,7 @@
 
 #include <nanobind/nanobind.h>
 
+#include <string_view>
 #include <vector>
 
 #include "arrays.h"
@@ -35,14 +36,30 @@ struct CallArgsStorage {
 };
 CallArgs call_args(const nanobind::args& args, const nanobind::kwargs& kwargs, CallArgsStorage& storage);
 
-// A call's arguments in schema order: one per schema argument, null where the caller gave none.
-using BoundArgs = std::vector<nanobind::handle>;
+// A call's arguments in schema order, and where its results go.
+struct BoundArgs {
+  std::vector<nanobind::handle> values;  // one per schema argument, null where the caller gave none
+  nanobind::handle out;                  // out=: arrays to write the results into (null: none, or None)
+};
 
 // Orders positional and keyword arguments by the schema as a Python signature would, with
-// Python's errors (TypeError naming the op): too many, unknown or repeated, or missing.
+// Python's errors (TypeError naming the op): too many, unknown or repeated, or missing. The
+// keyword `out` (every op's, unless its schema names an argument so) goes to BoundArgs::out.
 BoundArgs bind(const OpDef& op, const CallArgs& args);
 
 PreparedCall prepare_call(const OpDef& op, const BoundArgs& bound);
+
+// What an error about an array opforge cannot use ends with in a call given out=, which runs
+// only on memory opforge can reach itself.
+inline constexpr const char* kOutNeedsMemory =
+    " (out= runs on CPU and CUDA arrays that own memory: under torch.compile, or on meta or forge tensors, "
+    "call it without out= and use the result)";
+
+// The capsule a torch tensor is imported from (invalid where the generic import should take it)
+// after the checks DLPack cannot carry: autograd and the negative bit. `writes_out`: the call was
+// given out= (which, as torch's own out= variants, does not support autograd).
+nanobind::object checked_torch_capsule(const OpDef& op, std::string_view name, nanobind::handle value,
+                                       bool writes_out);
 
 // Binds one Python value to a non-tensor schema argument; TypeError on the wrong kind.
 AttrValue attr_from_python(const OpDef& op, const ArgSpec& arg, nanobind::handle value);

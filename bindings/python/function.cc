@@ -47,19 +47,25 @@ PyObject* framework_route(const FunctionObject& function, const BoundArgs& bound
   const auto& specs = function.op->schema().args;
   bool torch_tensors = false, jax_arrays = false, other_arrays = false;
   for (size_t i = 0; i < specs.size(); ++i) {
-    PyObject* const value = bound[i].ptr();
+    PyObject* const value = bound.values[i].ptr();
     if (!specs[i].is_tensor() || !value || value == Py_None) continue;
     switch (framework_of(value)) {
       case Framework::jax:
-        if (jax_tracer_type && PyObject_TypeCheck(value, reinterpret_cast<PyTypeObject*>(jax_tracer_type)))
+        if (jax_tracer_type && PyObject_TypeCheck(value, reinterpret_cast<PyTypeObject*>(jax_tracer_type))) {
+          if (bound.out.ptr())
+            fail(ErrorKind::type, function.op->name(), "(): out= cannot be used while JAX traces (jit, grad, vmap): "
+                 "JAX arrays are immutable; use the result");
           return jax_route;
+        }
         jax_arrays = true;
         break;
       case Framework::torch: torch_tensors = true; break;
       default: other_arrays = true;
     }
   }
-  if (other_arrays || torch_tensors == jax_arrays) return nullptr;  // mixed, or no array at all
+  // out= writes the caller's arrays, which only the generic path does (the adapters' ops are
+  // functional: torch's out= variants would be other operators, JAX arrays are immutable).
+  if (bound.out.ptr() || other_arrays || torch_tensors == jax_arrays) return nullptr;  // or mixed, or no array
   return torch_tensors ? torch_route : jax_route;
 }
 

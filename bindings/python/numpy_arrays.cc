@@ -77,6 +77,8 @@ bool numpy_view(nb::handle obj, TensorView& out) {
   return true;
 }
 
+bool numpy_writeable(nb::handle obj) { return PyArray_ISWRITEABLE(reinterpret_cast<PyArrayObject*>(obj.ptr())); }
+
 nb::object numpy_wrap(const Allocation& result) {
   const TensorView& view = result.view;
   const int type = numpy_type_of(view.dtype);

@@ -18,6 +18,9 @@ namespace opforge::python {
 // A view of `obj` when it is a NumPy ndarray (or subclass) this path takes; false otherwise.
 bool numpy_view(nb::handle obj, TensorView& out);
 
+// Whether a NumPy array numpy_view took may be written (out=).
+bool numpy_writeable(nb::handle obj);
+
 // `result` (CPU memory) as a NumPy array that keeps its owner alive; an invalid object where
 // its dtype has no NumPy type (bfloat16), for the generic path to handle.
 nb::object numpy_wrap(const Allocation& result);

@@ -59,14 +59,28 @@ _KIND_ANNOTATION = {"Tensor": "Array", "Tensor?": "Array | None", "float": float
                     "bool": bool, "str": str}
 
 
-def _signature(op: _core.Op) -> _inspect.Signature:
+def _signature(op: _core.Op, out: bool = False) -> _inspect.Signature:
+    """The schema as a Python signature; with `out`, the generic functions' keyword-only out=
+    (arrays to write the results into: one, or a tuple with an array or None per result)."""
     params = []
     for a in op.args:
         default = a["default"] if a["has_default"] else _inspect.Parameter.empty
         params.append(_inspect.Parameter(a["name"], _inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                          default=default, annotation=_KIND_ANNOTATION[a["kind"]]))
     returns = "Array" if op.num_results == 1 else "tuple[Array, ...]"
+    if out and "out" not in (a["name"] for a in op.args):
+        params.append(_inspect.Parameter("out", _inspect.Parameter.KEYWORD_ONLY, default=None,
+                                         annotation=f"{returns} | None"))
     return _inspect.Signature(params, return_annotation=returns)
+
+
+_OUT_DOC = """
+
+out=: the arrays to write the results into instead of new ones (NumPy, torch, CuPy or any DLPack
+array; one, or a tuple with an array or None per result), returned as given. Each must have the
+result's dtype, shape and device, be writable, row-major (any dense order for elementwise ops)
+and share no memory with an input, but an elementwise op may write over an input (relu(x, out=x)).
+Not under autograd or tracing (JAX arrays are immutable)."""
 
 
 def _make_function(op: _core.Op):
@@ -75,9 +89,9 @@ def _make_function(op: _core.Op):
     function = _core.function(op)
     function.__name__ = function.__qualname__ = op.name
     function.__module__ = __name__
-    function.__signature__ = _signature(op)
+    function.__signature__ = _signature(op, out=True)
     function.__doc__ = f"{op.schema}\n\n{op.doc}\n\nKernels: " + ", ".join(
-        f"{k['backend']} {k['dtypes']}" for k in op.kernels)
+        f"{k['backend']} {k['dtypes']}" for k in op.kernels) + _OUT_DOC
     function.op = op
     return function
 

@@ -155,6 +155,11 @@ def assert_matches(got, want, name, dtype):
             torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True)
 
 
+def poisoned_like(t):
+    """A tensor like `t` holding what no kernel writes there: NaN, or 77 in integer types."""
+    return torch.full_like(t, float("nan")) if t.is_floating_point() else torch.full_like(t, 77)
+
+
 def cpu_result(name, tensors, attrs):
     return getattr(torch.ops.opforge, name)(*tensors, **attrs)
 
@@ -183,6 +188,11 @@ def test_torch_tensors_match_cpu(name, dtype, fmt, rng):
         for g in as_tuple(got):
             assert isinstance(g, torch.Tensor) and g.device.type == DEVICE, (fn, g.device)
         assert_matches(got, want, name, dtype)
+    # out=: the results written into tensors on the device (poisoned, so a missed element shows)
+    out = tuple(poisoned_like(g) for g in as_tuple(got))
+    written = getattr(opforge, name)(*on_device, **attrs, out=out)
+    assert all(w is o for w, o in zip(written, out))
+    assert_matches(written, want, name, dtype)
     if has_reference(name) and dtype in FLOAT_DTYPES:  # and against the float64 reference
         values = [t.double() if t.is_floating_point() else t for t in tensors]
         ref = as_tuple(reference(name).torch(*values, **attrs))
@@ -255,7 +265,7 @@ def test_cupy_arrays_on_a_side_stream_match_cpu(name, dtype, fmt, rng):
     assert_matches(tuple(back), want, name, dtype)
 
 
-@pytest.mark.parametrize("path", ["generic", "opforge", "torch.ops"])
+@pytest.mark.parametrize("path", ["generic", "opforge", "torch.ops", "out="])
 @pytest.mark.parametrize("name", [n for n in DEVICE_OPS if "float32" in kernel_dtypes(n)])
 def test_runs_on_torch_current_stream(name, path, rng):
     """On a side stream, the inputs get their values only after a ~50 ms busy kernel. A kernel
@@ -263,10 +273,11 @@ def test_runs_on_torch_current_stream(name, path, rng):
     wait for it) would read the zeros that were there before and give another result."""
     if not ON_GPU:
         pytest.skip("streams need a GPU")
-    fn = {"generic": GENERIC[name], "opforge": getattr(opforge, name),
-          "torch.ops": getattr(torch.ops.opforge, name)}[path]
     tensors, attrs = sample(name, rng, "float32", "q4_0")
     want = cpu_result(name, tensors, attrs)
+    out = tuple(poisoned_like(w).cuda() for w in as_tuple(want))  # written on the side stream below
+    fn = {"generic": GENERIC[name], "opforge": getattr(opforge, name), "torch.ops": getattr(torch.ops.opforge, name),
+          "out=": lambda *args, **kw: getattr(opforge, name)(*args, **kw, out=out)}[path]
     real = [t.cuda() for t in tensors]
     placeholders = [torch.zeros_like(t) for t in real]  # zeros: a valid index, and other results
     torch.cuda.synchronize()
@@ -424,6 +435,17 @@ def test_mixed_devices_raise(fn):
     w = opforge.quantize_q4_0(torch.ones(5, 64))
     with pytest.raises(RuntimeError, match=r"matmul_q\(\): 'w' is on cpu but 'x' is on cuda:0"):
         opforge.matmul_q(torch.ones(2, 64, device="cuda"), w, "q4_0")
+
+
+def test_out_on_another_device_raises():
+    gpu_only()
+    x = torch.ones(3, device="cuda")
+    with pytest.raises(RuntimeError, match=re.escape(
+            "add(): 'out' is on cpu but the inputs are on cuda:0; all tensors must be on one device")):
+        opforge.add(x, x, out=torch.empty(3))
+    with pytest.raises(RuntimeError, match=re.escape(
+            "add(): 'out' is on cuda:0 but the inputs are on cpu; all tensors must be on one device")):
+        opforge.add(x.cpu(), x.cpu(), out=torch.empty(3, device="cuda"))
 
 
 @pytest.mark.parametrize("call, error, message", [

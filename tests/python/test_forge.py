@@ -209,6 +209,16 @@ def test_opforge_function_on_forge_tensors(rng):
     torch.testing.assert_close(xf.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-5)
 
 
+def test_opforge_function_refuses_out_on_forge_tensors(rng):
+    """out= writes through the generic path, which cannot reach a PrivateUse1 device's memory: a
+    TypeError that says so, not a crash or a copy."""
+    x = torch.from_numpy(rng.standard_normal(8)).float().to("forge")
+    with pytest.raises(TypeError, match="^relu\\(\\): 'x' has unsupported DLPack device type 12 \\(out= runs on CPU "
+                                        "and CUDA arrays that own memory: under torch.compile, or on meta or forge "
+                                        "tensors, call it without out= and use the result\\)$"):
+        opforge.relu(x, out=torch.empty(8, device="forge"))
+
+
 def test_opforge_op_mixed_devices_raises(rng):
     x = torch.from_numpy(rng.standard_normal((4, 8))).float()
     with pytest.raises(RuntimeError, match="add\\(\\): 'y' is on cpu but 'x' is on forge:0; every tensor of an "

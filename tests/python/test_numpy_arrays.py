@@ -130,9 +130,10 @@ def test_function_object():
     assert type(add) is opforge._core.Function and callable(add)
     assert repr(add) == "<opforge function add>"
     assert add.__name__ == add.__qualname__ == "add" and add.__module__ == "opforge"
-    assert str(inspect.signature(add)) == "(x: 'Array', y: 'Array') -> 'Array'"
+    signature = "(x: 'Array', y: 'Array', *, out: 'Array | None' = None) -> 'Array'"
+    assert str(inspect.signature(add)) == signature
     assert inspect.isroutine(add) and add.op.name == "add"
-    assert "add(x: 'Array', y: 'Array') -> 'Array'" in pydoc.render_doc(add, renderer=pydoc.plaintext)
+    assert "add" + signature in pydoc.render_doc(add, renderer=pydoc.plaintext)
     assert weakref.ref(add)() is add
 
     class Holder:

@@ -49,7 +49,8 @@ def test_function_matches_schema(name):
     op = opforge._core.op(name)
     schema_name, args = parse_schema(op.schema)
     assert function.__name__ == schema_name == name
-    params = list(inspect.signature(function).parameters.values())
+    *params, out = inspect.signature(function).parameters.values()
+    assert (out.name, out.kind, out.default) == ("out", inspect.Parameter.KEYWORD_ONLY, None)
     assert [p.name for p in params] == [a for _, a, _ in args]
     for p, (kind, _, default) in zip(params, args):
         if default is None:
