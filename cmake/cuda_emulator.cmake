@@ -34,7 +34,8 @@ endforeach()
 add_custom_target(opforge_cuda_emulated_headers DEPENDS ${emulated_headers})
 
 add_executable(opforge_cuda_emulated_tests ${emulated_sources} ${emulator_dir}/emulator.cc ${emulator_dir}/device.cc
-               ${emulator_dir}/op_cases.cc ${emulator_dir}/test_cuda_emulated.cc)
+               ${emulator_dir}/op_cases.cc ${emulator_dir}/test_cuda_emulated.cc
+               ${emulator_dir}/test_in_place_emulated.cc)
 add_dependencies(opforge_cuda_emulated_tests opforge_cuda_emulated_headers)
 # The rewritten headers first, then the emulator's stand-ins (cub), then the real tree and the
 # toolkit's headers (cuda_runtime.h, cuda_fp16.h compile as host C++).
