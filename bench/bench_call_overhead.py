@@ -7,7 +7,8 @@ ways in (torch.ops.opforge, the generic DLPack path on torch tensors) are bench_
     python bench/bench_call_overhead.py [--samples 60] [--calls 200]
 
 Why: at a few elements the kernel is nothing and the call is everything (binding arguments,
-reading array metadata, validating, allocating and wrapping the result). The NumPy rows compare
+reading array metadata, validating, allocating and wrapping the result; with out=, checking the
+caller's array instead of allocating). The NumPy rows compare
 with what a NumPy user writes instead: one ufunc for add and relu, NumPy compositions for
 rms_norm and softmax (several ufuncs, each a call). opforge runs one thread here, like NumPy.
 
@@ -54,12 +55,16 @@ def cases(shape):
     t, u = torch.from_numpy(x.copy()), torch.from_numpy(y.copy())
     jx, jy, jw = jnp.asarray(x), jnp.asarray(y), jnp.asarray(w)
     generic_add = opforge._core.function(opforge._core.op("add"))  # no route to opforge.jax
+    out, out_t = np.empty_like(x), torch.empty_like(t)  # out=: both sides write the same array
     return [
         ("add, NumPy", lambda: opforge.add(x, y), "NumPy", lambda: np.add(x, y)),
         ("relu, NumPy", lambda: opforge.relu(x), "NumPy", lambda: np.maximum(x, 0)),
         ("rms_norm, NumPy", lambda: opforge.rms_norm(x, w, EPS), "NumPy", lambda: np_rms_norm(x, w)),
         ("softmax, NumPy", lambda: opforge.softmax(x), "NumPy", lambda: np_softmax(x)),
+        ("add into out=, NumPy", lambda: opforge.add(x, y, out=out), "NumPy", lambda: np.add(x, y, out=out)),
         ("add, torch tensors", lambda: opforge.add(t, u), "torch eager", lambda: torch.add(t, u)),
+        ("add into out=, torch", lambda: opforge.add(t, u, out=out_t), "torch eager",
+         lambda: torch.add(t, u, out=out_t)),
         # JAX dispatches asynchronously: both sides wait for their result, as a caller reading it would.
         ("add, JAX arrays", lambda: opforge.add(jx, jy).block_until_ready(), "jax.numpy",
          lambda: jnp.add(jx, jy).block_until_ready()),
@@ -105,10 +110,10 @@ def main():
                 if sweep:  # the first sweep warms up
                     times.setdefault((size, label, rival, impl), []).append(us)
     rows = []
-    print(f"\n{'case':<24} {'size':<5} {'opforge µs':>10} {'rival':<12} {'rival µs':>9} {'speedup':>8}")
+    print(f"\n{'case':<26} {'size':<5} {'opforge µs':>10} {'rival':<12} {'rival µs':>9} {'speedup':>8}")
     for size, label, _, rival, _ in runs:
         ours, theirs = (statistics.median(times[(size, label, rival, i)]) for i in ("opforge", rival))
-        print(f"{label:<24} {size:<5} {ours:>10.2f} {rival:<12} {theirs:>9.2f} {theirs / ours:>7.2f}x")
+        print(f"{label:<26} {size:<5} {ours:>10.2f} {rival:<12} {theirs:>9.2f} {theirs / ours:>7.2f}x")
         for impl, us in (("opforge", ours), (rival, theirs)):
             rows.append({"case": label, "size": size, "rival": rival, "impl": impl, "us_per_call": round(us, 3),
                          "opforge_speedup": round(theirs / ours, 3)})
