@@ -257,12 +257,17 @@ def test_cupy_arrays_on_a_side_stream_match_cpu(name, dtype, fmt, rng):
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:  # opforge takes CuPy's current stream through the DLPack path
         got = getattr(opforge, name)(*args, **attrs)
+        # and writes into CuPy arrays given as out= there (made on the stream, poisoned)
+        out = tuple(cupy.asarray(poisoned_like(w).numpy()) for w in as_tuple(want))
+        written = getattr(opforge, name)(*args, **attrs, out=out)
     stream.synchronize()
-    back = []
-    for g in as_tuple(got):
-        assert isinstance(g, cupy.ndarray), type(g)
-        back.append(torch.from_numpy(cupy.asnumpy(g)))
-    assert_matches(tuple(back), want, name, dtype)
+    assert all(w is o for w, o in zip(written, out))
+    for result in (got, written):
+        back = []
+        for g in as_tuple(result):
+            assert isinstance(g, cupy.ndarray), type(g)
+            back.append(torch.from_numpy(cupy.asnumpy(g)))
+        assert_matches(tuple(back), want, name, dtype)
 
 
 @pytest.mark.parametrize("path", ["generic", "opforge", "torch.ops", "out="])
