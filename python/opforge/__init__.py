@@ -19,6 +19,8 @@ import sys as _sys
 import warnings as _warnings
 from pathlib import Path as _Path
 
+del annotations  # the __future__ feature's name: not part of opforge's namespace
+
 from . import _core
 from ._core import (
     amx_enabled,

@@ -64,6 +64,18 @@ def test_function_matches_schema(name):
     assert op.doc in function.__doc__
 
 
+def test_namespace_holds_no_stray_names():
+    """No public name of the package comes from its own imports: no `annotations` (the feature
+    `from __future__ import annotations` binds), no module but opforge's own."""
+    import __future__
+    import types
+
+    for name in (n for n in dir(opforge) if not n.startswith("_")):
+        value = getattr(opforge, name)
+        assert not isinstance(value, __future__._Feature), name
+        assert not isinstance(value, types.ModuleType) or value.__name__.startswith("opforge."), name
+
+
 def test_function_binds_like_its_signature(rng):
     x = rng.standard_normal((2, 5))
     w = rng.standard_normal(5)
