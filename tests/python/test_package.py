@@ -1,5 +1,6 @@
 """The Python package's surface: op listing, generated functions, settings round trips."""
 
+import ast
 import importlib.metadata
 import importlib.util
 import inspect
@@ -7,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,6 +76,21 @@ def test_namespace_holds_no_stray_names():
         value = getattr(opforge, name)
         assert not isinstance(value, __future__._Feature), name
         assert not isinstance(value, types.ModuleType) or value.__name__.startswith("opforge."), name
+
+
+def test_type_stub_is_current_and_parses():
+    """python/opforge/__init__.pyi is what the generator makes of a fresh `import opforge` (no
+    plugins: their ops are the stub's module __getattr__), and it is valid Python."""
+    env = {k: v for k, v in os.environ.items() if k != "OPFORGE_PLUGINS"}
+    code = "import opforge._stub, sys; sys.stdout.write(opforge._stub.stub_text())"
+    fresh = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    stub = Path(__file__).parents[2] / "python" / "opforge" / "__init__.pyi"
+    assert stub.read_text() == fresh, "regenerate: python -m opforge._stub"
+    tree = ast.parse(fresh)
+    declared = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assert set(OPS) <= declared and {"info", "set_backend", "build_plugin", "PluginError"} <= declared
+    add = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "add")
+    assert [a.arg for a in add.args.kwonlyargs] == ["out"]
 
 
 def test_function_binds_like_its_signature(rng):
