@@ -35,6 +35,12 @@ std::string python_type_name(nb::handle obj) {
 
 std::string python_str(nb::handle obj) { return nb::cast<std::string>(nb::str(obj)); }
 
+std::string framework_dtype_name(nb::handle array, std::string fallback) {
+  if (!nb::hasattr(array, "dtype")) return fallback;
+  std::string name = python_str(array.attr("dtype"));
+  return name.starts_with("torch.") ? name.substr(6) : name;
+}
+
 bool import_array(nb::handle obj, nb::ndarray<nb::ro>& out) {
   // convert=false: never copy, never cast a Python list into an array behind the user's back.
   return nb::try_cast(obj, out, false);

@@ -22,6 +22,9 @@ Framework framework_of(nb::handle obj);
 std::string python_type_name(nb::handle obj);
 // str(obj), for error messages.
 std::string python_str(nb::handle obj);
+// An array's dtype as its framework names it (torch's without "torch."), or `fallback` for an
+// object without a dtype: for arrays of a dtype opforge has no kernels for.
+std::string framework_dtype_name(nb::handle array, std::string fallback);
 
 // Imports `obj` without copying. Returns false when it is not an array.
 bool import_array(nb::handle obj, nb::ndarray<nb::ro>& out);

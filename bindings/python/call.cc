@@ -24,11 +24,9 @@ namespace {
 // names it (torch's without the "torch." prefix, as the torch adapter says it).
 [[noreturn]] void unsupported_dtype(const OpDef& op, const ArgSpec& spec, nb::handle value,
                                    const nb::dlpack::dtype& dtype) {
-  std::string got =
-      str("DLPack dtype (code ", int(dtype.code), ", bits ", int(dtype.bits), ", lanes ", dtype.lanes, ")");
-  if (nb::hasattr(value, "dtype")) got = python_str(value.attr("dtype"));
-  if (got.starts_with("torch.")) got.erase(0, 6);
-  fail_unsupported_dtype(op, spec.name, got);
+  fail_unsupported_dtype(op, spec.name, framework_dtype_name(value, str("DLPack dtype (code ", int(dtype.code),
+                                                                         ", bits ", int(dtype.bits), ", lanes ",
+                                                                         dtype.lanes, ")")));
 }
 
 // numpy.bool_ (named "bool" since NumPy 2, so "must be a bool, got bool" would puzzle).

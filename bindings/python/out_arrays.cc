@@ -11,13 +11,6 @@ namespace opforge::python {
 
 namespace {
 
-// The array's dtype as its framework names it (torch's without "torch."), for dtypes opforge lacks.
-std::string framework_dtype_name(nb::handle value) {
-  if (!nb::hasattr(value, "dtype")) return "an unknown dtype";
-  std::string name = python_str(value.attr("dtype"));
-  return name.starts_with("torch.") ? name.substr(6) : name;
-}
-
 // Bytes [begin, end) that a view's elements span (empty for no elements).
 std::pair<uintptr_t, uintptr_t> extent(const TensorView& t) {
   if (t.numel() == 0) return {0, 0};
@@ -81,7 +74,7 @@ TensorView writable_view(const OpDef& op, const std::string& name, nb::handle va
     if (nb::try_cast(value, readable, false)) fail(ErrorKind::value, op.name(), "(): '", name, "' is a read-only array");
     if (nb::hasattr(value, "dtype") && nb::hasattr(value, "device"))
       fail(ErrorKind::type, op.name(), "(): '", name, "' is a ", python_type_name(value), " with dtype ",
-           framework_dtype_name(value), " on ", python_str(value.attr("device")), ", which opforge cannot write to",
+           framework_dtype_name(value, "an unknown dtype"), " on ", python_str(value.attr("device")), ", which opforge cannot write to",
            framework == Framework::torch ? kOutNeedsMemory : "");
     fail(ErrorKind::type, op.name(), "(): '", name,
          "' must be a writable array (NumPy, torch, CuPy, or any DLPack or buffer-protocol object), got ",
@@ -90,7 +83,7 @@ TensorView writable_view(const OpDef& op, const std::string& name, nb::handle va
   const nb::ndarray<>& array = out.arrays.back();
   const nb::dlpack::dtype dtype = array.dtype();
   if (!dtype_from_dlpack({dtype.code, dtype.bits, dtype.lanes}))
-    fail(ErrorKind::type, op.name(), "(): '", name, "' has dtype ", framework_dtype_name(value),
+    fail(ErrorKind::type, op.name(), "(): '", name, "' has dtype ", framework_dtype_name(value, "an unknown dtype"),
          ", which opforge has no kernels for");
   try {
     return view_of(array);
