@@ -1,5 +1,5 @@
-// torch.ops.opforge.<op> on forge tensors, natively (no CPU fallback): one boxed kernel for
-// every op, generic over its declaration. Arguments are validated and results allocated on the
+// torch.ops.opforge.<op> and its out variant on forge tensors, natively (no CPU fallback): one
+// boxed kernel for every op, generic over its declaration. Arguments are validated and results allocated on the
 // calling thread, so bad input raises at the call; the kernel itself, opforge's CPU kernel run
 // on forge memory presented as cpu TensorViews, is queued on the current forge stream.
 #include <ATen/ATen.h>
@@ -11,6 +11,7 @@
 
 #include "bindings/common/aten_dtype.h"
 #include "opforge/dispatch.h"
+#include "opforge/out.h"
 #include "opforge/registry.h"
 #include "runtime.h"
 
@@ -32,9 +33,9 @@ struct Bound {
   int device = -1;
 };
 
-Bound bind(const OpDef& op, const c10::FunctionSchema& schema, torch::jit::Stack& stack) {
+// The op's arguments, the last `n` on the stack (an out variant's outs already taken off).
+Bound bind(const OpDef& op, torch::jit::Stack& stack, size_t n) {
   const auto& specs = op.schema().args;
-  const size_t n = schema.arguments().size();
   TORCH_CHECK(n == specs.size(), "forge: torch passed ", n, " arguments to ", op.name(), ", expected ", specs.size());
   auto args = torch::jit::last(stack, n);
   Bound b;
@@ -78,7 +79,7 @@ Bound bind(const OpDef& op, const c10::FunctionSchema& schema, torch::jit::Stack
 }
 
 void run(const OpDef& op, const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
-  Bound b = bind(op, schema, *stack);
+  Bound b = bind(op, *stack, schema.arguments().size());
   const Outputs results = infer_outputs(op, b.inputs);
   const Selection selection = select_kernel(op, b.inputs);
   std::vector<at::Tensor> outputs;
@@ -100,6 +101,46 @@ void run(const OpDef& op, const c10::FunctionSchema& schema, torch::jit::Stack* 
   for (at::Tensor& t : outputs) stack->push_back(std::move(t));
 }
 
+// The out variant (opforge/out.h): the op's arguments, then one forge tensor per result, which
+// the kernel writes on the current stream; nothing is returned.
+void run_out(const OpDef& op, const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
+  const size_t count = static_cast<size_t>(op.schema().num_results);
+  TORCH_CHECK(schema.arguments().size() == op.schema().args.size() + count, "forge: torch passed ",
+              schema.arguments().size(), " arguments to ", op.name(), ".out");
+  std::vector<at::Tensor> outs;
+  for (const c10::IValue& v : torch::jit::last(*stack, count)) outs.push_back(v.toTensor());
+  torch::jit::drop(*stack, count);
+  Bound b = bind(op, *stack, op.schema().args.size());
+  const Outputs results = infer_outputs(op, b.inputs);
+  std::vector<std::optional<TensorView>> views;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < count; ++i) {
+    names.push_back(out_name(i, count));
+    const at::Tensor& t = outs[i];
+    if (!t.is_privateuseone() || t.device().index() != b.device)
+      fail(ErrorKind::runtime, op.name(), "(): '", names.back(), "' is on ", device_text(t),
+           " but the op runs on forge:", b.device, "; every tensor of an opforge op on forge must be on the same "
+           "forge device (use .to())");
+    const auto dtype = dtype_of(t.scalar_type());
+    if (!dtype)
+      fail(ErrorKind::type, op.name(), "(): '", names.back(), "' must have dtype ", dtype_name(results[i].dtype),
+           ", got ", aten::python_name_of(t.scalar_type()));
+    views.emplace_back(TensorView{t.data_ptr(), *dtype, Device{DeviceType::cpu, 0}, t.sizes().vec(), t.strides().vec()});
+  }
+  check_out(op, b.inputs, results, views, names);
+  const Selection selection = select_kernel(op, b.inputs);
+  std::vector<TensorView> written;
+  for (auto& view : views) written.push_back(std::move(*view));
+  std::vector<at::Tensor> keep = std::move(b.keep);
+  keep.insert(keep.end(), outs.begin(), outs.end());
+  current_stream(b.device).enqueue([&op, selection, inputs = std::move(b.inputs), written = std::move(written),
+                                    keep = std::move(keep)] {
+    HostAccess access;
+    for (const at::Tensor& t : keep) access.add(t);
+    run_kernel(op, selection, inputs, written, nullptr);
+  });
+}
+
 // opforge's errors become torch's typed errors, which Python raises as TypeError, ValueError,
 // NotImplementedError or RuntimeError with opforge's message.
 void boxed(const c10::OperatorHandle& handle, torch::jit::Stack* stack) {
@@ -109,7 +150,10 @@ void boxed(const c10::OperatorHandle& handle, torch::jit::Stack* stack) {
   const OpDef* op = lookup_op(name);
   TORCH_CHECK(op, "forge: torch.ops.opforge.", name, " is not an opforge op known to this build");
   try {
-    run(*op, schema, stack);
+    if (schema.overload_name() == "out")
+      run_out(*op, schema, stack);
+    else
+      run(*op, schema, stack);
   } catch (const Error& e) {
     switch (e.kind()) {
       case ErrorKind::type: TORCH_CHECK_TYPE(false, e.what());
@@ -137,6 +181,8 @@ void implement_new(torch::Library& m, std::string& errors) {
     if (!implemented->insert(op->name()).second) continue;
     try {
       m.impl(op->name().c_str(), torch::CppFunction::makeFromBoxedFunction<&boxed>());
+      if (!out_variant_schema(*op).empty())
+        m.impl((op->name() + ".out").c_str(), torch::CppFunction::makeFromBoxedFunction<&boxed>());
     } catch (const std::exception& e) {
       errors += "registering " + op->name() + " for forge failed: " + e.what() + "\n";
     }

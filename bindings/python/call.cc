@@ -10,6 +10,7 @@
 #include "arrays.h"
 #include "numpy_arrays.h"
 #include "out_arrays.h"
+#include "opforge/out.h"
 #include "opforge/dispatch.h"
 
 namespace opforge::python {
@@ -212,37 +213,48 @@ PreparedCall prepare_call(const OpDef& op, const BoundArgs& bound_args) {
   return call;
 }
 
-nb::list infer_call(const OpDef& op, const nb::sequence& tensors, const nb::dict& attrs) {
+namespace {
+
+// A tensor's metadata, (shape, dtype[, (device type, index)[, strides]]), as a view without data.
+// `result`: the result this one is to hold (an out), named in a dtype error.
+TensorView view_from_meta(const OpDef& op, const std::string& name, nb::handle meta, const OutputSpec* result = nullptr) {
+  TensorView view;
+  view.shape = nb::cast<std::vector<int64_t>>(meta[0]);
+  const std::string dtype = nb::cast<std::string>(meta[1]);
+  try {
+    view.dtype = dtype_from_name(dtype);
+  } catch (const Error&) {
+    if (result)
+      fail(ErrorKind::type, op.name(), "(): '", name, "' must have dtype ", dtype_name(result->dtype), ", got ", dtype);
+    fail_unsupported_dtype(op, name, dtype);
+  }
+  // Strides default to row-major.
+  view.strides = nb::len(meta) > 3 && !meta[3].is_none() ? nb::cast<std::vector<int64_t>>(meta[3])
+                                                          : contiguous_strides(view.shape);
+  if (view.strides.size() != view.shape.size())
+    fail(ErrorKind::value, op.name(), "(): '", name, "' has ", view.shape.size(), " sizes but ", view.strides.size(),
+         " strides");
+  if (nb::len(meta) > 2 && !meta[2].is_none()) {  // (device type name, index): checks devices agree
+    const std::string type = nb::cast<std::string>(meta[2][0]);
+    if (type != "cpu" && type != "cuda") fail(ErrorKind::runtime, op.name(), "(): unknown device type '", type, "'");
+    view.device = Device{type == "cuda" ? DeviceType::cuda : DeviceType::cpu, nb::cast<int32_t>(meta[2][1])};
+  }
+  return view;
+}
+
+}  // namespace
+
+nb::list infer_call(const OpDef& op, const nb::sequence& tensors, const nb::dict& attrs, nb::handle out) {
   OpInputs inputs;
   const auto& specs = op.schema().args;
   size_t t = 0;
   for (const ArgSpec& spec : specs) {
     if (spec.is_tensor()) {
       nb::handle meta = tensors[t++];
-      if (meta.is_none()) {
+      if (meta.is_none())
         inputs.tensors.emplace_back(std::nullopt);
-        continue;
-      }
-      TensorView view;
-      view.shape = nb::cast<std::vector<int64_t>>(meta[0]);
-      const std::string dtype = nb::cast<std::string>(meta[1]);
-      try {
-        view.dtype = dtype_from_name(dtype);
-      } catch (const Error&) {
-        fail_unsupported_dtype(op, spec.name, dtype);
-      }
-      // (shape, dtype[, device[, strides]]): strides default to row-major.
-      view.strides = nb::len(meta) > 3 && !meta[3].is_none() ? nb::cast<std::vector<int64_t>>(meta[3])
-                                                              : contiguous_strides(view.shape);
-      if (view.strides.size() != view.shape.size())
-        fail(ErrorKind::value, op.name(), "(): '", spec.name, "' has ", view.shape.size(), " sizes but ",
-             view.strides.size(), " strides");
-      if (nb::len(meta) > 2 && !meta[2].is_none()) {  // (device type name, index): checks devices agree
-        const std::string type = nb::cast<std::string>(meta[2][0]);
-        if (type != "cpu" && type != "cuda") fail(ErrorKind::runtime, op.name(), "(): unknown device type '", type, "'");
-        view.device = Device{type == "cuda" ? DeviceType::cuda : DeviceType::cpu, nb::cast<int32_t>(meta[2][1])};
-      }
-      inputs.tensors.emplace_back(std::move(view));
+      else
+        inputs.tensors.emplace_back(view_from_meta(op, spec.name, meta));
     } else if (attrs.contains(spec.name.c_str())) {
       inputs.attrs.push_back(attr_from_python(op, spec, attrs[spec.name.c_str()]));
     } else if (spec.default_value) {
@@ -251,11 +263,27 @@ nb::list infer_call(const OpDef& op, const nb::sequence& tensors, const nb::dict
       fail(ErrorKind::type, op.name(), "() missing required argument '", spec.name, "'");
     }
   }
-  nb::list out;
-  for (const OutputSpec& o : infer_outputs(op, inputs))
-    out.append(nb::make_tuple(nb::tuple(nb::cast(o.shape)), std::string(dtype_name(o.dtype)),
-                              nb::tuple(nb::cast(o.strides))));
-  return out;
+  const Outputs results = infer_outputs(op, inputs);
+  if (!out.is_none()) {  // metadata of out= tensors, one per result (None: not given)
+    const nb::sequence metas = nb::borrow<nb::sequence>(out);
+    OPFORGE_CHECK(nb::len(metas) == results.size(), op.name(), ": ", nb::len(metas), " outs for ", results.size(),
+                  " results");
+    std::vector<std::optional<TensorView>> views;
+    std::vector<std::string> names;
+    for (size_t i = 0; i < results.size(); ++i) {
+      names.push_back(out_name(i, results.size()));
+      if (metas[i].is_none())
+        views.emplace_back();
+      else
+        views.emplace_back(view_from_meta(op, names.back(), metas[i], &results[i]));
+    }
+    check_out(op, inputs, results, views, names);
+  }
+  nb::list list;
+  for (const OutputSpec& o : results)
+    list.append(nb::make_tuple(nb::tuple(nb::cast(o.shape)), std::string(dtype_name(o.dtype)),
+                               nb::tuple(nb::cast(o.strides))));
+  return list;
 }
 
 nb::object call_op(const OpDef& op, const BoundArgs& bound) {

@@ -49,11 +49,11 @@ BoundArgs bind(const OpDef& op, const CallArgs& args);
 
 PreparedCall prepare_call(const OpDef& op, const BoundArgs& bound);
 
-// What an error about an array opforge cannot use ends with in a call given out=, which runs
-// only on memory opforge can reach itself.
+// What an error about an array opforge cannot use ends with in a call given out= on the generic
+// path (arrays of different kinds), which runs only on memory opforge can reach itself.
 inline constexpr const char* kOutNeedsMemory =
-    " (out= runs on CPU and CUDA arrays that own memory: under torch.compile, or on meta or forge tensors, "
-    "call it without out= and use the result)";
+    " (out= with arrays of different kinds writes CPU or CUDA memory: for meta or forge tensors, or under "
+    "torch.compile, pass torch tensors only, inputs and out)";
 
 // The capsule a torch tensor is imported from (invalid where the generic import should take it)
 // after the checks DLPack cannot carry: autograd and the negative bit. `writes_out`: the call was
@@ -68,8 +68,11 @@ AttrValue attr_from_python(const OpDef& op, const ArgSpec& arg, nanobind::handle
 // argument, None or (shape, dtype name[, (device type name, index)]); `attrs` maps attribute
 // names to values. With devices given, tensors on different devices fail as in a call. Runs the
 // validator and shape rule, so adapters (JAX abstract evaluation, torch fake kernels) get
-// the same checks and messages as eager calls.
-nanobind::list infer_call(const OpDef& op, const nanobind::sequence& tensors, const nanobind::dict& attrs);
+// the same checks and messages as eager calls. `out`: None, or per result None or an out=
+// tensor's metadata (as the tensors'), checked as an eager call checks out= (opforge/out.h's
+// check_out; metadata shows no shared memory).
+nanobind::list infer_call(const OpDef& op, const nanobind::sequence& tensors, const nanobind::dict& attrs,
+                          nanobind::handle out);
 
 nanobind::object call_op(const OpDef& op, const BoundArgs& bound);
 

@@ -32,6 +32,18 @@ thread_local std::exception_ptr pending;
 // Python may set a route to None (or delete it): no route either way.
 PyObject* route_or_null(PyObject* route) { return route == Py_None ? nullptr : route; }
 
+// out= given as torch tensors only: one, or a tuple or list of them and None.
+bool torch_outs(nb::handle out) {
+  if (!PyTuple_Check(out.ptr()) && !PyList_Check(out.ptr())) return framework_of(out) == Framework::torch;
+  bool any = false;
+  for (nb::handle item : nb::borrow<nb::sequence>(out)) {
+    if (item.is_none()) continue;
+    if (framework_of(item) != Framework::torch) return false;
+    any = true;
+  }
+  return any;
+}
+
 // The framework function that takes a call in place of the generic path, or null. A JAX
 // tracer (the argument of a function under jax.jit, grad or vmap) has no memory to read, so
 // any tensor argument that is one sends the call to opforge.jax.<op>; so do concrete JAX
@@ -63,9 +75,10 @@ PyObject* framework_route(const FunctionObject& function, const BoundArgs& bound
       default: other_arrays = true;
     }
   }
-  // out= writes the caller's arrays, which only the generic path does (the adapters' ops are
-  // functional: torch's out= variants would be other operators, JAX arrays are immutable).
-  if (bound.out.ptr() || other_arrays || torch_tensors == jax_arrays) return nullptr;  // or mixed, or no array
+  if (other_arrays || torch_tensors == jax_arrays) return nullptr;  // mixed, or no array
+  // out= writes the caller's arrays: torch tensors through the op's out variant (opforge.torch),
+  // anything else on the generic path (JAX arrays are immutable; it says so).
+  if (bound.out.ptr()) return torch_tensors && torch_outs(bound.out) ? torch_route : nullptr;
   return torch_tensors ? torch_route : jax_route;
 }
 

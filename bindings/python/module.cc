@@ -138,12 +138,13 @@ NB_MODULE(_core, m) {
            },
            "The backend a call with these arguments would run on (validates, runs nothing).")
       .def("infer",
-           [](const PyOp& self, nb::sequence tensors, nb::dict attrs) {
-             return python::infer_call(*self.op, tensors, attrs);
+           [](const PyOp& self, nb::sequence tensors, nb::dict attrs, nb::handle out) {
+             return python::infer_call(*self.op, tensors, attrs, out);
            },
-           nb::arg("tensors"), nb::arg("attrs"),
+           nb::arg("tensors"), nb::arg("attrs"), nb::arg("out").none() = nb::none(),
            "Result (shape, dtype, strides) triples from per-tensor (shape, dtype[, (device type, index)[, strides]]) "
-           "or None, and attributes: the strides a call would allocate its results with.")
+           "or None, and attributes: the strides a call would allocate its results with. `out`: the same metadata "
+           "of out= tensors, one per result (or None), checked as a call with out= checks them (but for shared memory).")
       .def("attr",
            [](const PyOp& self, const std::string& name, nb::handle value) {
              const auto& args = self.op->schema().args;

@@ -1,63 +1,18 @@
 #include "out_arrays.h"
 
-#include <algorithm>
 #include <string>
-#include <utility>
 
 #include "numpy_arrays.h"
 #include "opforge/error.h"
+#include "opforge/out.h"
 
 namespace opforge::python {
 
 namespace {
 
-// Bytes [begin, end) that a view's elements span (empty for no elements).
-std::pair<uintptr_t, uintptr_t> extent(const TensorView& t) {
-  if (t.numel() == 0) return {0, 0};
-  int64_t low = 0, high = 0;
-  for (int64_t d = 0; d < t.rank(); ++d) (t.strides[d] < 0 ? low : high) += (t.shape[d] - 1) * t.strides[d];
-  const int64_t item = dtype_size(t.dtype);
-  const auto base = reinterpret_cast<uintptr_t>(t.data);
-  return {base + low * item, base + (high + 1) * item};
-}
-
-bool overlaps(const TensorView& a, const TensorView& b) {
-  if (!(a.device == b.device)) return false;
-  const auto [a_begin, a_end] = extent(a);
-  const auto [b_begin, b_end] = extent(b);
-  return a_begin < a_end && b_begin < b_end && a_begin < b_end && b_begin < a_end;
-}
-
-// Every element once, in one block, with the dimensions in some order (positive strides):
-// what run_kernel reorders an elementwise op's views to (opforge/layout.h).
-bool dense_in_some_order(const TensorView& t) {
-  if (t.numel() == 0) return true;  // nothing to write: any strides do
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dimensions longer than 1
-  for (int64_t d = 0; d < t.rank(); ++d)
-    if (t.shape[d] > 1) dims.emplace_back(t.strides[d], t.shape[d]);
-  std::sort(dims.begin(), dims.end());
-  int64_t expected = 1;
-  for (const auto& [stride, size] : dims) {
-    if (stride != expected) return false;
-    expected *= size;
-  }
-  return true;
-}
-
-// `out` is the elementwise input `arg` itself: the same elements, in the same order, of the same
-// dtype. Elementwise kernels read each element before they write the result at its index, and
-// nothing else at that index, so they may run in place (opforge.relu(x, out=x)).
-bool in_place(const OpDef& op, const std::string& arg, const TensorView& input, const TensorView& out) {
-  const auto& args = op.elementwise_args();
-  if (std::find(args.begin(), args.end(), arg) == args.end()) return false;
-  if (input.data != out.data || input.dtype != out.dtype || input.shape != out.shape) return false;
-  for (int64_t d = 0; d < out.rank(); ++d)
-    if (out.shape[d] > 1 && input.strides[d] != out.strides[d]) return false;
-  return true;
-}
-
-// A writable view of the caller's array `value`, or a TypeError/ValueError saying why not.
-TensorView writable_view(const OpDef& op, const std::string& name, nb::handle value, OutArrays& out) {
+// A writable view of the caller's array `value`, for a result of dtype `expected`, or a
+// TypeError/ValueError saying why not.
+TensorView writable_view(const OpDef& op, const std::string& name, DType expected, nb::handle value, OutArrays& out) {
   const Framework framework = framework_of(value);
   if (framework == Framework::jax)
     fail(ErrorKind::type, op.name(), "(): '", name, "' is a JAX array, which cannot be written (JAX arrays are "
@@ -83,39 +38,12 @@ TensorView writable_view(const OpDef& op, const std::string& name, nb::handle va
   const nb::ndarray<>& array = out.arrays.back();
   const nb::dlpack::dtype dtype = array.dtype();
   if (!dtype_from_dlpack({dtype.code, dtype.bits, dtype.lanes}))
-    fail(ErrorKind::type, op.name(), "(): '", name, "' has dtype ", framework_dtype_name(value, "an unknown dtype"),
-         ", which opforge has no kernels for");
+    fail(ErrorKind::type, op.name(), "(): '", name, "' must have dtype ", dtype_name(expected), ", got ",
+         framework_dtype_name(value, "an unknown dtype"));
   try {
     return view_of(array);
   } catch (const Error& e) {
     fail(e.kind(), op.name(), "(): '", name, "' has ", e.what(), kOutNeedsMemory);
-  }
-}
-
-void check_against_result(const OpDef& op, const std::string& name, const TensorView& view, const OutputSpec& spec,
-                          const PreparedCall& call) {
-  if (view.dtype != spec.dtype)
-    fail(ErrorKind::type, op.name(), "(): '", name, "' must have dtype ", dtype_name(spec.dtype), ", got ",
-         dtype_name(view.dtype));
-  if (view.shape != spec.shape)
-    fail(ErrorKind::value, op.name(), "(): '", name, "' must have shape ", spec.shape, ", got ", view.shape);
-  const Device device = device_of(call.inputs);
-  if (!(view.device == device))
-    fail(ErrorKind::runtime, op.name(), "(): '", name, "' is on ", device_name(view.device), " but the inputs are on ",
-         device_name(device), "; all tensors must be on one device");
-  // Elementwise kernels see views reordered to their single result's memory order; the others
-  // write row-major results.
-  const bool any_order = !op.elementwise_args().empty() && call.outputs.size() == 1;
-  if (any_order ? !dense_in_some_order(view) : !view.is_contiguous())
-    fail(ErrorKind::value, op.name(), "(): '", name, "' must be ",
-         any_order ? "dense (every element once, in one block, in some order of its dimensions)" : "row-major (C-contiguous)",
-         ", got strides ", view.strides, " for shape ", view.shape);
-  for (size_t slot = 0; slot < call.inputs.tensors.size(); ++slot) {
-    const auto& input = call.inputs.tensors[slot];
-    if (!input || !overlaps(view, *input) || (any_order && in_place(op, op.tensor_name(slot), *input, view))) continue;
-    fail(ErrorKind::value, op.name(), "(): '", name, "' shares memory with '", op.tensor_name(slot), "'; out= may ",
-         any_order ? "be an elementwise input itself (in place), not overlap one otherwise"
-                   : "not overlap an input (kernels may read an input after writing results)");
   }
 }
 
@@ -137,21 +65,18 @@ OutArrays out_arrays(const OpDef& op, nb::handle out, const PreparedCall& call) 
            python_type_name(out));
     given.push_back(out);
   }
+  std::vector<std::string> names;
   for (size_t i = 0; i < count; ++i) {
-    const std::string name = result.sequence ? str("out[", i, "]") : std::string("out");
+    names.push_back(result.sequence ? str("out[", i, "]") : std::string("out"));
     if (given[i].is_none()) {
       result.views.emplace_back();
       result.objects.emplace_back();
       continue;
     }
-    TensorView view = writable_view(op, name, given[i], result);
-    check_against_result(op, name, view, call.outputs[i], call);
-    for (size_t j = 0; j < i; ++j)
-      if (result.views[j] && overlaps(view, *result.views[j]))
-        fail(ErrorKind::value, op.name(), "(): '", name, "' shares memory with 'out[", j, "]'");
-    result.views.emplace_back(std::move(view));
+    result.views.emplace_back(writable_view(op, names.back(), call.outputs[i].dtype, given[i], result));
     result.objects.push_back(nb::borrow(given[i]));
   }
+  check_out(op, call.inputs, call.outputs, result.views, names);
   return result;
 }
 

@@ -1,8 +1,6 @@
-// out=: the caller's own arrays as an op's results, written in place of new ones (NumPy's and
-// torch's out=). They must be exactly what the op would allocate: dtype, shape, device, a
-// layout its kernels write (row-major; any dense order for elementwise ops), writable, and
-// sharing no memory with the inputs, except that an elementwise op may write over one of its
-// elementwise inputs itself (in place).
+// out= on the generic path: the caller's own arrays as an op's results, written in place of new
+// ones (NumPy's and torch's out=). They must be writable, and what opforge/out.h's check_out
+// accepts: exactly what the op would allocate, sharing no memory with the inputs but in place.
 #pragma once
 
 #include <nanobind/nanobind.h>

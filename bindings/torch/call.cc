@@ -9,12 +9,14 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "opforge/dispatch.h"
+#include "opforge/out.h"
 #include "opforge/parallel.h"
 
 namespace opforge::torch_adapter {
@@ -74,8 +76,10 @@ int32_t torch_dtype(DType dtype) {
 }
 
 // Must agree with python/opforge/torch.py, which raises the same message from fake kernels.
-// `torch_device` receives torch's own (type, index) for the allocation of the results.
-TensorView view_of(const OpDef& op, const ArgSpec& spec, AtenTensorHandle t, std::pair<int32_t, int32_t>& torch_device) {
+// `torch_device` receives torch's own (type, index) for the allocation of the results. `out`:
+// the result this tensor is to hold (an out= tensor), named in a dtype error.
+TensorView view_of(const OpDef& op, const std::string& name, AtenTensorHandle t, std::pair<int32_t, int32_t>& torch_device,
+                   const OutputSpec* out = nullptr) {
   TensorView view;
   int32_t code = 0;
   check(aoti_torch_get_dtype(t, &code), "aoti_torch_get_dtype");
@@ -85,7 +89,10 @@ TensorView view_of(const OpDef& op, const ArgSpec& spec, AtenTensorHandle t, std
       view.dtype = c.dtype;
       known = true;
     }
-  if (!known) fail_unsupported_dtype(op, spec.name, unsupported_dtype_name(code));
+  if (!known && out)
+    fail(ErrorKind::type, op.name(), "(): '", name, "' must have dtype ", dtype_name(out->dtype), ", got ",
+         unsupported_dtype_name(code));
+  if (!known) fail_unsupported_dtype(op, name, unsupported_dtype_name(code));
   int32_t device_type = 0;
   check(aoti_torch_get_device_type(t, &device_type), "aoti_torch_get_device_type");
   check(aoti_torch_get_device_index(t, &view.device.index), "aoti_torch_get_device_index");
@@ -95,7 +102,7 @@ TensorView view_of(const OpDef& op, const ArgSpec& spec, AtenTensorHandle t, std
   else if (device_type == aoti_torch_device_type_cuda())
     view.device.type = DeviceType::cuda;
   else
-    fail(ErrorKind::runtime, op.name(), "(): '", spec.name, "' is on a device opforge cannot run on (torch device type ",
+    fail(ErrorKind::runtime, op.name(), "(): '", name, "' is on a device opforge cannot run on (torch device type ",
          device_type, ")");
   int64_t dim = 0;
   int64_t* sizes = nullptr;
@@ -233,23 +240,32 @@ int error_kind(const char* text) {
   return -1;
 }
 
-void run_boxed(const OpDef& op, StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+namespace {
+
+// The call's arguments from a dispatcher stack, every tensor owned before anything can throw
+// (an error never leaks a reference): the op's, then `extra` tensors (an out variant's outs).
+struct StackArgs {
+  std::vector<OwnedTensor> held;  // per argument; null for attributes and absent optionals
+  OpInputs inputs;
+  std::pair<int32_t, int32_t> torch_device{aoti_torch_device_type_cpu(), -1};  // the first tensor's
+};
+
+StackArgs read_stack(const OpDef& op, StableIValue* stack, uint64_t num_args, size_t extra) {
   const auto& specs = op.schema().args;
-  // Own every input before anything can throw, so an error never leaks a reference; shim
-  // failures on the way are raised once the loop is done.
-  std::vector<OwnedTensor> held(specs.size());
+  StackArgs a;
+  a.held.resize(specs.size() + extra);
   std::vector<AttrValue> attrs;
-  const char* failed = nullptr;
-  for (size_t i = 0; i < specs.size() && i < num_args; ++i) {
+  const char* failed = nullptr;  // shim failures on the way are raised once the loop is done
+  for (size_t i = 0; i < a.held.size() && i < num_args; ++i) {
     const StableIValue value = stack[i];
-    switch (specs[i].kind) {
-      case ArgKind::tensor: held[i].reset(torch::stable::detail::to<AtenTensorHandle>(value)); break;
+    switch (i < specs.size() ? specs[i].kind : ArgKind::tensor) {
+      case ArgKind::tensor: a.held[i].reset(torch::stable::detail::to<AtenTensorHandle>(value)); break;
       case ArgKind::optional_tensor: {
         // The stable headers unbox (and free) the optional as the targeted torch version boxes it.
         auto t = torch::stable::detail::to<std::optional<torch::stable::Tensor>>(value);
         AtenTensorHandle own = nullptr;
         if (t && aoti_torch_new_tensor_handle(t->get(), &own) != AOTI_TORCH_SUCCESS) failed = "aoti_torch_new_tensor_handle";
-        held[i].reset(own);
+        a.held[i].reset(own);
         break;
       }
       case ArgKind::float_: attrs.emplace_back(torch::stable::detail::to<double>(value)); break;
@@ -264,56 +280,87 @@ void run_boxed(const OpDef& op, StableIValue* stack, uint64_t num_args, uint64_t
     }
   }
   if (failed) fail(ErrorKind::runtime, "opforge torch adapter: ", failed, " failed");
-  OPFORGE_CHECK(num_args == specs.size() && num_outputs == static_cast<uint64_t>(op.schema().num_results),
-                "torch called ", op.name(), " with ", num_args, " arguments and ", num_outputs, " results");
+  OPFORGE_CHECK(num_args == a.held.size(), "torch called ", op.name(), " with ", num_args, " arguments");
 
-  OpInputs inputs;
-  inputs.attrs = std::move(attrs);
-  std::pair<int32_t, int32_t> torch_device{aoti_torch_device_type_cpu(), -1};
+  a.inputs.attrs = std::move(attrs);
   bool have_device = false;
   for (size_t i = 0; i < specs.size(); ++i) {
     if (!specs[i].is_tensor()) continue;
-    if (!held[i]) {
-      inputs.tensors.emplace_back(std::nullopt);
+    if (!a.held[i]) {
+      a.inputs.tensors.emplace_back(std::nullopt);
       continue;
     }
     std::pair<int32_t, int32_t> this_device;
-    inputs.tensors.emplace_back(view_of(op, specs[i], held[i].get(), this_device));
-    if (!have_device) torch_device = this_device;  // results go where the first tensor is
+    a.inputs.tensors.emplace_back(view_of(op, specs[i].name, a.held[i].get(), this_device));
+    if (!have_device) a.torch_device = this_device;  // results go where the first tensor is
     have_device = true;
   }
-  const Outputs results = infer_outputs(op, inputs);
-  const Selection selection = select_kernel(op, inputs);
-  const Device device = device_of(inputs);
+  return a;
+}
 
-  // CUDA kernels launch on torch's current stream of the tensors' device, with that device current.
-  std::optional<torch::stable::accelerator::DeviceGuard> guard;
-  void* stream = nullptr;
-  if (device.type == DeviceType::cuda) {
-    guard.emplace(device.index);
-    stream = current_cuda_stream(device.index);
-  }
+// Runs the selected kernel into `views`: a CUDA kernel on torch's current stream of the
+// tensors' device, with that device current and torch's allocator for its workspaces; a CPU
+// kernel's parallel_for on torch's intra-op pool (opforge/parallel.h, UseForeignPool).
+void launch(const OpDef& op, const Selection& selection, const OpInputs& inputs, std::span<const TensorView> views,
+            Device device, std::pair<int32_t, int32_t> torch_device) {
+  void* stream = device.type == DeviceType::cuda ? current_cuda_stream(device.index) : nullptr;
+  std::optional<TorchScratch> scratch;
+  if (device.type == DeviceType::cuda) scratch.emplace(torch_device);
+  const UseForeignPool torch_pool(device.type == DeviceType::cpu ? on_torch_pool : nullptr);
+  run_kernel(op, selection, inputs, views, stream, scratch ? &*scratch : nullptr);
+}
+
+}  // namespace
+
+void run_boxed(const OpDef& op, StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  StackArgs a = read_stack(op, stack, num_args, 0);
+  OPFORGE_CHECK(num_outputs == static_cast<uint64_t>(op.schema().num_results), "torch called ", op.name(),
+                " for ", num_outputs, " results");
+  const Outputs results = infer_outputs(op, a.inputs);
+  const Selection selection = select_kernel(op, a.inputs);
+  const Device device = device_of(a.inputs);
+
+  std::optional<torch::stable::accelerator::DeviceGuard> guard;  // results are allocated on it too
+  if (device.type == DeviceType::cuda) guard.emplace(device.index);
   std::vector<OwnedTensor> outputs;
   std::vector<TensorView> views;
   for (const OutputSpec& spec : results) {
     TensorView view{nullptr, spec.dtype, device, spec.shape, spec.strides};
     try {
       outputs.emplace_back(device.type == DeviceType::cpu && view.nbytes() >= kBackendAllocationBytes
-                               ? from_backend_memory(*selection.backend, view, torch_device)
-                               : torch_empty(view, torch_device));
+                               ? from_backend_memory(*selection.backend, view, a.torch_device)
+                               : torch_empty(view, a.torch_device));
     } catch (const Error& error) {
       fail_result_allocation(op, error);
     }
     check(aoti_torch_get_data_ptr(outputs.back().get(), &view.data), "aoti_torch_get_data_ptr");
     views.push_back(std::move(view));
   }
-  std::optional<TorchScratch> scratch;
-  if (device.type == DeviceType::cuda) scratch.emplace(torch_device);
-  // CPU kernels' parallel_for on torch's intra-op pool (opforge/parallel.h, UseForeignPool).
-  const UseForeignPool torch_pool(device.type == DeviceType::cpu ? on_torch_pool : nullptr);
-  run_kernel(op, selection, inputs, views, stream, scratch ? &*scratch : nullptr);
+  launch(op, selection, a.inputs, views, device, a.torch_device);
   // torch takes over each result's reference from the stack.
   for (size_t i = 0; i < outputs.size(); ++i) stack[i] = torch::stable::detail::from(outputs[i].release());
+}
+
+void run_boxed_out(const OpDef& op, StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  const size_t count = static_cast<size_t>(op.schema().num_results);
+  StackArgs a = read_stack(op, stack, num_args, count);
+  OPFORGE_CHECK(num_outputs == 0, "torch called ", op.name(), ".out for ", num_outputs, " results");
+  const Outputs results = infer_outputs(op, a.inputs);
+  std::vector<std::optional<TensorView>> outs;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < count; ++i) {
+    names.push_back(out_name(i, count));
+    std::pair<int32_t, int32_t> unused;
+    outs.emplace_back(view_of(op, names.back(), a.held[op.schema().args.size() + i].get(), unused, &results[i]));
+  }
+  check_out(op, a.inputs, results, outs, names);
+  const Selection selection = select_kernel(op, a.inputs);
+  const Device device = device_of(a.inputs);
+  std::optional<torch::stable::accelerator::DeviceGuard> guard;
+  if (device.type == DeviceType::cuda) guard.emplace(device.index);
+  std::vector<TensorView> views;
+  for (auto& out : outs) views.push_back(std::move(*out));
+  launch(op, selection, a.inputs, views, device, a.torch_device);
 }
 
 }  // namespace opforge::torch_adapter

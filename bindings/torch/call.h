@@ -18,6 +18,11 @@ namespace opforge::torch_adapter {
 // opforge::Error propagates; torch turns it into a Python RuntimeError with its message.
 void run_boxed(const OpDef& op, StableIValue* stack, uint64_t num_args, uint64_t num_outputs);
 
+// The op's out variant (opforge/out.h's out_variant_schema) on a dispatcher stack: the op's
+// arguments, then one tensor per result, checked by check_out and written by the kernel;
+// nothing is left on the stack. torch bumps nothing itself: the caller marks the outs written.
+void run_boxed_out(const OpDef& op, StableIValue* stack, uint64_t num_args, uint64_t num_outputs);
+
 // Remembers the kind of an error that is about to cross into torch, which can only raise
 // RuntimeError for it, so the Python side can raise the right type (opforge_torch_error_kind).
 void remember_error(const Error& error);

@@ -1,6 +1,7 @@
 // Registers every opforge op with torch's dispatcher: torch.ops.opforge.<op>, defined from
-// the op's schema (opforge schemas are torch syntax), with one boxed kernel per op for the
-// CPU and CUDA dispatch keys. Nothing here names an op.
+// the op's schema (opforge schemas are torch syntax), and its out variant
+// torch.ops.opforge.<op>.out (opforge/out.h), with boxed kernels for the CPU and CUDA dispatch
+// keys. Nothing here names an op.
 //
 // A boxed kernel is a bare function pointer: torch passes it no context, so it cannot be told
 // which op it runs. Each op therefore gets its own instantiation of a small template whose
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "call.h"
+#include "opforge/out.h"
 #include "opforge/registry.h"
 
 #define OPFORGE_TORCH_EXPORT extern "C" __attribute__((visibility("default")))
@@ -31,6 +33,7 @@ using torch::stable::detail::StableLibrary;
 // added later. A slot is written before torch can call its kernel and never changes after.
 struct Defined {
   std::array<const OpDef*, kMaxOps> ops{};
+  std::array<bool, kMaxOps> has_out{};  // torch took the op's out variant
   size_t count = 0;
   std::set<std::string, std::less<>> names;  // tried, whether torch took the schema or not
   std::mutex mutex;                           // one registration at a time
@@ -58,11 +61,26 @@ void boxed(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
   }
 }
 
+template <int I>
+void boxed_out(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  try {
+    run_boxed_out(*defined().ops[I], stack, num_args, num_outputs);
+  } catch (const Error& e) {
+    remember_error(e);
+    throw;
+  }
+}
+
 template <int... I>
 constexpr std::array<BoxedFn, sizeof...(I)> make_trampolines(std::integer_sequence<int, I...>) {
   return {&boxed<I>...};
 }
+template <int... I>
+constexpr std::array<BoxedFn, sizeof...(I)> make_out_trampolines(std::integer_sequence<int, I...>) {
+  return {&boxed_out<I>...};
+}
 constexpr auto kTrampolines = make_trampolines(std::make_integer_sequence<int, kMaxOps>{});
+constexpr auto kOutTrampolines = make_out_trampolines(std::make_integer_sequence<int, kMaxOps>{});
 
 // The registered ops torch has not been given yet.
 std::vector<const OpDef*> new_ops() {
@@ -85,10 +103,18 @@ size_t define(StableLibrary& m, const std::vector<const OpDef*>& ops, std::strin
     }
     try {
       m.def(op->schema().text.c_str());
-      d.ops[d.count++] = op;
     } catch (const std::exception& e) {
       errors += str("torch rejected the schema of '", op->name(), "' (", op->schema().text, "): ", e.what(), "\n");
+      continue;
     }
+    const std::string out_schema = out_variant_schema(*op);
+    try {
+      if (!out_schema.empty()) m.def(out_schema.c_str());
+      d.has_out[d.count] = !out_schema.empty();
+    } catch (const std::exception& e) {
+      errors += str("torch rejected the out variant of '", op->name(), "' (", out_schema, "): ", e.what(), "\n");
+    }
+    d.ops[d.count++] = op;
   }
   return first;
 }
@@ -98,6 +124,7 @@ void implement(StableLibrary& m, const char* key, size_t first, std::string& err
   for (size_t i = first; i < d.count; ++i) {
     try {
       m.impl(d.ops[i]->name().c_str(), kTrampolines[i]);
+      if (d.has_out[i]) m.impl((d.ops[i]->name() + ".out").c_str(), kOutTrampolines[i]);
     } catch (const std::exception& e) {
       errors += str("registering the ", key, " kernel of '", d.ops[i]->name(), "' failed: ", e.what(), "\n");
     }

@@ -10,6 +10,7 @@
 #include <torch/csrc/stable/c/shim.h>  // torch_parallel_for (2.10+)
 #endif
 
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -17,6 +18,7 @@
 #include "bindings/common/aten_dtype.h"
 #include "opforge/backend.h"
 #include "opforge/dispatch.h"
+#include "opforge/out.h"
 #include "opforge/parallel.h"
 #include "opforge/registry.h"
 
@@ -89,14 +91,43 @@ constexpr ForeignParallelFor kTorchPool = on_torch_pool;
 constexpr ForeignParallelFor kTorchPool = nullptr;  // torch before 2.10: opforge's own pool
 #endif
 
-std::vector<at::Tensor> run_on_cpu(const OpDef& op, const OpInputs& inputs, bool holds_gil) {
-  // torch's profiler lists the call under the op's name, as it lists the dispatcher's calls.
-  at::RecordFunction record(at::RecordScope::FUNCTION);
-  std::string record_name;
-  if (record.isActive()) {
-    record_name = "opforge::" + op.name();
-    record.before(std::string_view(record_name), c10::ArrayRef<const c10::IValue>{});
+namespace {
+
+// torch's profiler lists the call under the op's name, as it lists the dispatcher's calls.
+struct Recorded {
+  at::RecordFunction record{at::RecordScope::FUNCTION};
+  std::string name;
+  explicit Recorded(const OpDef& op) {
+    if (!record.isActive()) return;
+    name = "opforge::" + op.name();
+    record.before(std::string_view(name), c10::ArrayRef<const c10::IValue>{});
   }
+};
+
+void run_on_torch_pool(const OpDef& op, const Selection& selection, const OpInputs& inputs,
+                       std::span<const TensorView> views, bool holds_gil) {
+  int64_t work = 0;
+  for (const TensorView& v : views) work += v.numel();
+  const UseForeignPool torch_pool(kTorchPool);
+  if (!holds_gil || work < kReleaseGilElements) {
+    run_kernel(op, selection, inputs, views, nullptr);
+    return;
+  }
+  // Kernels may run long and use the thread pool; other Python threads go on meanwhile.
+  PyThreadState* state = PyEval_SaveThread();
+  try {
+    run_kernel(op, selection, inputs, views, nullptr);
+  } catch (...) {
+    PyEval_RestoreThread(state);
+    throw;
+  }
+  PyEval_RestoreThread(state);
+}
+
+}  // namespace
+
+std::vector<at::Tensor> run_on_cpu(const OpDef& op, const OpInputs& inputs, bool holds_gil) {
+  const Recorded recorded(op);
   const Outputs results = infer_outputs(op, inputs);
   const Selection selection = select_kernel(op, inputs);
   std::vector<at::Tensor> outputs;
@@ -113,23 +144,26 @@ std::vector<at::Tensor> run_on_cpu(const OpDef& op, const OpInputs& inputs, bool
     view.data = outputs.back().data_ptr();
     views.push_back(std::move(view));
   }
-  int64_t work = 0;
-  for (const TensorView& v : views) work += v.numel();
-  const UseForeignPool torch_pool(kTorchPool);
-  if (!holds_gil || work < kReleaseGilElements) {
-    run_kernel(op, selection, inputs, views, nullptr);
-  } else {
-    // Kernels may run long and use the thread pool; other Python threads go on meanwhile.
-    PyThreadState* state = PyEval_SaveThread();
-    try {
-      run_kernel(op, selection, inputs, views, nullptr);
-    } catch (...) {
-      PyEval_RestoreThread(state);
-      throw;
-    }
-    PyEval_RestoreThread(state);
-  }
+  run_on_torch_pool(op, selection, inputs, views, holds_gil);
   return outputs;
+}
+
+void write_on_cpu(const OpDef& op, const OpInputs& inputs, const std::vector<at::Tensor>& outs, bool holds_gil) {
+  const Recorded recorded(op);
+  const Outputs results = infer_outputs(op, inputs);
+  std::vector<std::optional<TensorView>> given;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    given.emplace_back(view_of(outs[i]));
+    names.push_back(out_name(i, outs.size()));
+  }
+  check_out(op, inputs, results, given, names);
+  const Selection selection = select_kernel(op, inputs);
+  std::vector<TensorView> views;
+  for (auto& view : given) views.push_back(std::move(*view));
+  run_on_torch_pool(op, selection, inputs, views, holds_gil);
+  // As torch's own in-place writes: autograd then refuses a value it saved before this one.
+  for (const at::Tensor& t : outs) t.unsafeGetTensorImpl()->bump_version();
 }
 
 std::optional<OpInputs> plain_inputs(const OpDef& op, c10::ArrayRef<c10::IValue> stack, bool below_autograd) {

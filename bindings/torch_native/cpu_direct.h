@@ -38,6 +38,10 @@ bool thread_allows_direct(const OpDef& op);
 // runs without the GIL where it is long enough.
 std::vector<at::Tensor> run_on_cpu(const OpDef& op, const OpInputs& inputs, bool holds_gil);
 
+// op's results written into `outs` (plain CPU tensors, one per result, checked by opforge/out.h's
+// check_out), each then marked written (its version counter bumped); otherwise as run_on_cpu.
+void write_on_cpu(const OpDef& op, const OpInputs& inputs, const std::vector<at::Tensor>& outs, bool holds_gil);
+
 // op's arguments from a dispatcher stack in schema order, for run_on_cpu; nullopt where a tensor
 // is not plain CPU or, unless the caller is op's autograd kernel (below_autograd), needs a
 // gradient while grad mode is on (the autograd kernel must see it).

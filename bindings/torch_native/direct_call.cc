@@ -125,14 +125,22 @@ PyObject* call_boxed(Entry& entry, PyObject* const* args, const OpInputs& inputs
 }
 
 // fn(*args): every schema argument, positional, in order (opforge.torch's generated wrapper
-// binds names and defaults and checks argument kinds before calling this).
+// binds names and defaults and checks argument kinds before calling this); fn(*args, *outs)
+// writes the results into outs (below).
 PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   auto* entry = static_cast<Entry*>(PyCapsule_GetPointer(self, nullptr));
   if (!entry) return nullptr;
   const OpDef& op = *entry->op;
   const auto& specs = op.schema().args;
-  auto fall_back = [&] { return PyObject_Vectorcall(entry->overload, args, static_cast<size_t>(nargs), nullptr); };
-  if (static_cast<size_t>(nargs) != specs.size()) return fall_back();
+  // fn(*args, *outs): one out per result, the out variant's call (write_on_cpu) when it can be
+  // direct; otherwise NotImplemented, and opforge.torch calls the out variant itself.
+  const auto num_outs = static_cast<size_t>(op.schema().num_results);
+  const bool writes_out = static_cast<size_t>(nargs) == specs.size() + num_outs;
+  auto fall_back = [&] {
+    return writes_out ? Py_NewRef(Py_NotImplemented)
+                      : PyObject_Vectorcall(entry->overload, args, static_cast<size_t>(nargs), nullptr);
+  };
+  if (static_cast<size_t>(nargs) != specs.size() && !writes_out) return fall_back();
   // Whether this call may skip the dispatcher. The attributes are converted (and out-of-range
   // ones raise ValueError) either way, so a call that takes the torch op fails as this one would
   // rather than in torch's argument parser.
@@ -192,6 +200,18 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
           break;
         }
       }
+    }
+    if (writes_out) {
+      std::vector<at::Tensor> outs;
+      for (size_t i = specs.size(); direct && i < specs.size() + num_outs; ++i) {
+        PyObject* value = args[i];
+        direct = THPVariable_Check(value) && !has_torch_function(value) && plain_cpu(THPVariable_Unpack(value)) &&
+                 !(grad_mode && THPVariable_Unpack(value).requires_grad());
+        if (direct) outs.push_back(THPVariable_Unpack(value));
+      }
+      if (!direct) return fall_back();
+      write_on_cpu(op, inputs, outs, /*holds_gil=*/true);
+      Py_RETURN_NONE;
     }
     if (!direct) return boxed ? call_boxed(*entry, args, inputs) : fall_back();
     return wrap_results(run_on_cpu(op, inputs, /*holds_gil=*/true));

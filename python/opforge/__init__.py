@@ -82,7 +82,8 @@ out=: the arrays to write the results into instead of new ones (NumPy, torch, Cu
 array; one, or a tuple with an array or None per result), returned as given. Each must have the
 result's dtype, shape and device, be writable, row-major (any dense order for elementwise ops)
 and share no memory with an input, but an elementwise op may write over an input (relu(x, out=x)).
-Not under autograd or tracing (JAX arrays are immutable)."""
+Torch tensors go to the op's out variant, torch.ops.opforge.<op>.out (meta and forge tensors and
+torch.compile too). Not under autograd or JAX tracing (JAX arrays are immutable)."""
 
 
 def _make_function(op: _core.Op):

@@ -32,6 +32,7 @@ if __name__ == "__main__":  # python -m opforge.torch: run the imported module (
 
     sys.exit(opforge.torch._main(sys.argv[1:]))
 
+import collections.abc
 import ctypes
 import functools
 import keyword
@@ -148,7 +149,14 @@ class _Op:
         self.tensor_names = [a["name"] for a in self.args if a["kind"].startswith("Tensor")]
         self.attr_names = [a["name"] for a in self.args if not a["kind"].startswith("Tensor")]
         self.defaults = {a["name"]: a["default"] for a in self.args if a["has_default"]}
-        self.overload = getattr(torch.ops.opforge, name).default
+        packet = getattr(torch.ops.opforge, name)
+        self.overload = packet.default
+        # The out variant (opforge/out.h): the op's arguments, then one keyword tensor per result.
+        self.out_overload = packet.out if "out" in packet.overloads() else None
+        self.out_names = ([a.name for a in self.out_overload._schema.arguments[len(self.args):]]
+                          if self.out_overload else [])
+        # Its fake kernel (both variants'), which on real tensors allocates results as the kernel's.
+        self.allocate = _fake_kernel(self)
         for a in self.args:
             if not a["name"].isidentifier() or keyword.iskeyword(a["name"]):
                 raise ImportError(f"opforge.torch: op '{name}' has argument '{a['name']}', not a Python identifier")
@@ -230,20 +238,27 @@ def _row_major(shape) -> list[int]:
     return out[::-1]
 
 
+def _tensor_meta(t, size):
+    """A tensor's metadata as the C++ shape rule reads it (devices opforge has no kernels for,
+    meta, are not compared; a dtype it lacks is named as torch names it)."""
+    return (tuple(size(s) for s in t.shape), _DTYPE_NAMES.get(t.dtype) or str(t.dtype).removeprefix("torch."),
+            (t.device.type, t.device.index or 0) if t.device.type in ("cpu", "cuda") else None,
+            tuple(_hint(s) for s in t.stride()))
+
+
 def _fake_kernel(op: _Op):
     """The op's fake (and meta) kernel: the C++ validator and shape rule on the tensors' metadata,
     results on the inputs' device laid out as the real kernel's (row-major, or for elementwise
-    ops the inputs' layout, from the strides' hints: opforge/layout.h)."""
+    ops the inputs' layout, from the strides' hints: opforge/layout.h). With `outs` (the out
+    variant's tensors), also what check_out says of them; it then returns nothing."""
 
-    def infer(tensors, attrs, size):
-        # Devices opforge has no kernels for (meta) are not compared.
-        metas = [None if t is None else (tuple(size(s) for s in t.shape), _DTYPE_NAMES[t.dtype],
-                                          (t.device.type, t.device.index or 0) if t.device.type in ("cpu", "cuda") else None,
-                                          tuple(_hint(s) for s in t.stride()))
-                 for t in tensors]
-        return _core.op(op.name).infer(metas, attrs)
+    def infer(tensors, attrs, size, outs=None):
+        metas = [None if t is None else _tensor_meta(t, size) for t in tensors]
+        out_metas = None if outs is None else [None if t is None else _tensor_meta(t, _hint) for t in outs]
+        return _core.op(op.name).infer(metas, attrs, out_metas)
 
     def fake(*args, **kwargs):
+        outs = [kwargs.pop(n) for n in op.out_names] if kwargs.keys() & set(op.out_names) else None
         values = op.bind(args, kwargs)
         tensors = [values[n] for n in op.tensor_names]
         for name, t in zip(op.tensor_names, tensors):
@@ -252,12 +267,15 @@ def _fake_kernel(op: _Op):
         # Real tensors reach this kernel on torch's Meta key, even mixed with CPU ones (whose
         # results it would make, unfilled): every device must agree, as in the C++ validator.
         placed = [(n, t.device) for n, t in zip(op.tensor_names, tensors) if t is not None]
+        placed += [(_out_name(i, len(outs)), t.device) for i, t in enumerate(outs or ())]
         for name, device in placed[1:]:
             if device != placed[0][1]:
                 raise RuntimeError(f"{op.name}(): '{name}' is on {device} but '{placed[0][0]}' is on {placed[0][1]}; "
                                    "all tensors must be on one device")
         attrs = {n: values[n] for n in op.attr_names}
-        results = infer(tensors, attrs, _hint)
+        results = infer(tensors, attrs, _hint, outs)
+        if outs is not None:
+            return None
         shapes = [shape for shape, *_ in results]
         symbols = {}  # hint -> the first SymInt with that hint
         for s in (s for t in tensors if t is not None for s in t.shape if isinstance(s, torch.SymInt)):
@@ -272,6 +290,89 @@ def _fake_kernel(op: _Op):
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return fake
+
+
+def _refuse_grad(op: _Op, named_tensors) -> None:
+    """out= does not support autograd (as torch's own out= variants): the same TypeError as the
+    generic path's (bindings/python/call.cc), naming the first tensor that requires grad."""
+    if torch.is_grad_enabled():
+        for name, t in named_tensors:
+            if t is not None and t.requires_grad:
+                raise TypeError(f"{op.name}(): '{name}' is a torch tensor that requires grad, and out= does not "
+                                "support autograd (as torch's own out= variants): call it under torch.no_grad(), "
+                                "or without out=")
+
+
+def _out_autograd_kernel(op: _Op):
+    """torch.ops.opforge.<op>.out's Autograd kernel: refuses tensors that require grad, runs the
+    kernel below autograd and marks the outs written (their version counters, as torch's own
+    in-place writes do: autograd then refuses a value it saved before the write)."""
+    below = torch._C._AutoDispatchBelowADInplaceOrView
+
+    def kernel(*args, **kwargs):
+        values = op.bind(args, {k: v for k, v in kwargs.items() if k not in op.out_names})
+        outs = [kwargs[n] for n in op.out_names]
+        _refuse_grad(op, [*((n, values[n]) for n in op.tensor_names),
+                          *((_out_name(i, len(outs)), t) for i, t in enumerate(outs))])
+        with below():
+            op.out_overload(*args, **kwargs)
+        torch.autograd.graph.increment_version(outs)
+
+    return kernel
+
+
+def _out_name(i: int, n: int) -> str:
+    return "out" if n == 1 else f"out[{i}]"  # as errors name them (opforge/out.h)
+
+
+def _out_caller(op: _Op):
+    """out= of opforge.torch.<op> (and of opforge.<op> given torch tensors, which routes here):
+    one tensor, or a tuple or list with a tensor or None (allocate that one) per result, written
+    by the out variant and returned as given (a tuple for a sequence, as the generic path)."""
+    n = op.num_results
+    allocate = op.allocate  # on real tensors, outside fake mode: empty results, laid out as the kernel's
+    below = torch._C._AutoDispatchBelowADInplaceOrView
+    compiling = torch.compiler.is_compiling
+    tensor_slots = [i for i, a in enumerate(op.args) if a["kind"].startswith("Tensor")]
+
+    # The direct call (bindings/torch_native/direct_call.cc) writes plain CPU tensors past
+    # torch's dispatcher, as the functions' own; NotImplemented where the out variant must run.
+    direct = _direct_call(op.name.encode(), op.overload) if NATIVE_AUTOGRAD else None
+
+    def call(values: tuple, out):
+        if direct is not None and n == 1 and type(out) is torch.Tensor and not compiling():
+            if direct(*values, out) is None:
+                return out
+        sequence = isinstance(out, (tuple, list))
+        outs = list(out) if sequence else [out]
+        if sequence and len(outs) != n:
+            raise TypeError(f"{op.name}(): 'out' must hold {n} {'array' if n == 1 else 'arrays'} (one per result), "
+                            f"got a {type(out).__name__} of {len(outs)}")
+        if not sequence and n != 1:
+            raise TypeError(f"{op.name}(): 'out' must be a tuple of {n} arrays (one per result), "
+                            f"got {type(out).__name__}")
+        out_names = [f"out[{i}]" for i in range(n)] if sequence else ["out"]  # as the generic path names them
+        for name, t in zip(out_names, outs):
+            if not (t is None and sequence) and not isinstance(t, torch.Tensor):
+                raise TypeError(f"{op.name}(): '{name}' must be a torch tensor, got {type(t).__name__}")
+        if any(t is None for t in outs):
+            made = allocate(*values)
+            made = made if isinstance(made, tuple) else (made,)
+            outs = [m if t is None else t for t, m in zip(outs, made)]
+        by_name = dict(zip(op.out_names, outs))
+        if compiling():  # torch.compile traces the out variant (auto_functionalized)
+            op.out_overload(*values, **by_name)
+        else:  # what its Autograd kernel does, without the trip through Python it costs
+            _refuse_grad(op, [*zip(op.tensor_names, (values[i] for i in tensor_slots)), *zip(out_names, outs)])
+            try:
+                with below():
+                    op.out_overload(*values, **by_name)
+            except RuntimeError as error:
+                _reraise(error)
+            torch.autograd.graph.increment_version(outs)
+        return tuple(outs) if sequence else out
+
+    return call
 
 
 def _output_mask(differentiable, needed) -> int:
@@ -360,6 +461,8 @@ def _signature_text(op: _Op) -> str:
     params = [f"{a['name']}: {_KINDS[a['kind']][0]}" + (f" = {a['default']!r}" if a["has_default"] else "")
               for a in op.args]
     n = op.num_results
+    if op.out_overload:  # one tensor, or one (or None) per result
+        params += ["*", f"out: {'Tensor' if n == 1 else 'Sequence[Tensor | None]'} | None = None"]
     return f"{op.name}({', '.join(params)}) -> {'Tensor' if n == 1 else 'tuple[' + ', '.join(['Tensor'] * n) + ']'}"
 
 
@@ -388,6 +491,8 @@ def _make_function(op: _Op):
                 f"        if __grad_enabled() and ({grad}):\n            return __op({names})\n"
                 f"        with __below_autograd():\n            return __op({names})\n"
                 f"    except RuntimeError as error:\n        __reraise(error)\n")
+    if op.out_overload:
+        body = f"    if out is not None:\n        return __out(({names}{',' if len(op.args) == 1 else ''}), out)\n" + body
     source = f"def {_signature_text(op)}:\n{checks}{body}"
 
     def bad(name, expected, value):
@@ -397,6 +502,7 @@ def _make_function(op: _Op):
                  "Real": numbers.Real, "Integral": numbers.Integral, "NumpyBool": _NUMPY_BOOL,
                  "SymBool": torch.SymBool, "__op": op.overload, "__bad": bad, "__reraise": _reraise,
                  "__direct": _direct_call(op.name.encode(), op.overload) if NATIVE_AUTOGRAD else None,
+                 "__out": _out_caller(op) if op.out_overload else None, "Sequence": collections.abc.Sequence,
                  "__compiling": torch.compiler.is_compiling, "__grad_enabled": torch.is_grad_enabled,
                  "__below_autograd": torch._C._AutoDispatchBelowAutograd}
     exec(compile(source, f"<opforge.torch.{op.name}>", "exec"), namespace)
@@ -449,7 +555,7 @@ def _register_autocast(op: _Op) -> None:
 def _stub_text() -> str:
     """The type stub of this module (torch.pyi), from the op registry."""
     lines = ["# Generated from the op registry by `python -m opforge.torch --write-stub`; do not edit.",
-             "from torch import Tensor", ""]
+             "from collections.abc import Sequence", "", "from torch import Tensor", ""]
     lines += [f"def {_signature_text(op)}: ..." for op in _OPS.values()]
     return "\n".join(lines) + "\n"
 
@@ -460,7 +566,10 @@ def _register(names: list[str]) -> None:
     ops = {name: _Op(name) for name in names}
     _OPS.update(ops)  # first: an op's backward op may be among them
     for op in ops.values():
-        torch.library.register_fake(op.overload, _fake_kernel(op), lib=_LIB)
+        torch.library.register_fake(op.overload, op.allocate, lib=_LIB)
+        if op.out_overload:
+            torch.library.register_fake(op.out_overload, op.allocate, lib=_LIB)
+            _LIB.impl(op.out_overload, _out_autograd_kernel(op), "Autograd")
         setup_context, backward = _autograd_rules(op)
         if not NATIVE_AUTOGRAD:
             torch.library.register_autograd(op.overload, backward, setup_context=setup_context, lib=_LIB)
@@ -481,6 +590,8 @@ def _trace_generic_functions(names: list[str]) -> None:
     try:
         for name in names:
             torch.compiler.allow_in_graph(getattr(_opforge, name))
+            # out=(t, None): the results to allocate, from the fake kernel (C++: dynamo cannot trace it).
+            torch.compiler.allow_in_graph(_OPS[name].allocate)
     except (TypeError, ValueError, ImportError, AttributeError) as error:
         warnings.warn(f"opforge: torch.compile cannot trace opforge.<op> (use opforge.torch.<op>): {error}",
                       stacklevel=2)

@@ -209,14 +209,44 @@ def test_opforge_function_on_forge_tensors(rng):
     torch.testing.assert_close(xf.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-5)
 
 
-def test_opforge_function_refuses_out_on_forge_tensors(rng):
-    """out= writes through the generic path, which cannot reach a PrivateUse1 device's memory: a
-    TypeError that says so, not a crash or a copy."""
-    x = torch.from_numpy(rng.standard_normal(8)).float().to("forge")
-    with pytest.raises(TypeError, match="^relu\\(\\): 'x' has unsupported DLPack device type 12 \\(out= runs on CPU "
-                                        "and CUDA arrays that own memory: under torch.compile, or on meta or forge "
-                                        "tensors, call it without out= and use the result\\)$"):
-        opforge.relu(x, out=torch.empty(8, device="forge"))
+@pytest.mark.parametrize("name", NATIVE)
+def test_out_variant_native(name, rng):
+    """torch.ops.opforge.<op>.out on forge tensors runs forge's own kernel (no CPU fallback) into
+    the given tensors, poisoned first, and gives the bits of the allocating op."""
+    import opforge.torch  # noqa: F401
+
+    tensors, attrs = sample(name, rng, first_dtype(name))
+    packet = getattr(torch.ops.opforge, name)
+    want = as_tuple(packet(*tensors, **attrs))
+    outs = [torch.full_like(w, 77).to("forge") for w in want]
+    names = [a.name for a in packet.out._schema.arguments[-len(outs):]]
+    forge.clear_fallback_ops()
+    assert packet.out(*[t.to("forge") for t in tensors], **attrs, **dict(zip(names, outs))) is None
+    assert not [k for k in forge.fallback_ops() if "opforge" in k], "an opforge op fell back to the CPU"
+    for o, w in zip(outs, want):
+        assert torch.equal(o.cpu(), w)
+
+
+def test_opforge_function_out_on_forge_tensors(rng):
+    """opforge.<op>(..., out=) with forge tensors takes the op's out variant: written in place,
+    returned as given, its version bumped; in place over an elementwise input; wrong outs are
+    opforge's typed errors."""
+    x = torch.from_numpy(rng.standard_normal((4, 8))).float()
+    xf, out = x.to("forge"), torch.full((4, 8), float("nan")).to("forge")
+    version = out._version
+    assert opforge.relu(xf, out=out) is out
+    assert torch.equal(out.cpu(), torch.relu(x)) and out._version == version + 1
+    assert opforge.silu(xf, out=xf) is xf
+    torch.testing.assert_close(xf.cpu(), torch.nn.functional.silu(x), rtol=1e-6, atol=1e-6)
+    with pytest.raises(RuntimeError, match=re.escape("relu(): 'out' is on cpu but the op runs on forge:0; every "
+                                                     "tensor of an opforge op on forge must be on the same forge")):
+        opforge.relu(xf, out=torch.empty(4, 8))
+    with pytest.raises(ValueError, match=re.escape("relu(): 'out' must have shape [4, 8], got [4, 7]")):
+        opforge.relu(xf, out=torch.empty(4, 7, device="forge"))
+    with pytest.raises(TypeError, match=re.escape("relu(): 'out' must have dtype float32, got complex64")):
+        opforge.relu(xf, out=torch.empty(4, 8, dtype=torch.complex64, device="forge"))
+    with pytest.raises(ValueError, match=re.escape("rms_norm(): 'out' shares memory with 'x'")):
+        opforge.rms_norm(xf, torch.ones(8, device="forge"), out=xf)
 
 
 def test_opforge_op_mixed_devices_raises(rng):

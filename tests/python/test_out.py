@@ -4,8 +4,6 @@ it was handed (filled with NaN first, so an element left unwritten shows); eleme
 in place; and every way an out= array can be wrong is a typed error naming the op and 'out'."""
 
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -165,10 +163,9 @@ def test_wrong_out_arrays_are_typed_errors(rng):
         opforge.add(x, y, out=np.empty((3, 4), np.float32))
     with pytest.raises(TypeError, match=message("add(): 'out' must have dtype float32, got float64")):
         opforge.add(x, y, out=np.empty((3, 5)))
-    with pytest.raises(TypeError, match=message("add(): 'out' has dtype complex64, which opforge has no kernels for")):
-        opforge.add(x, y, out=np.empty((3, 5), np.complex64))
-    with pytest.raises(TypeError, match=message("add(): 'out' has dtype complex64, which opforge has no kernels for")):
-        opforge.add(x, y, out=torch.empty((3, 5), dtype=torch.complex64))
+    for out in np.empty((3, 5), np.complex64), torch.empty((3, 5), dtype=torch.complex64):
+        with pytest.raises(TypeError, match=message("add(): 'out' must have dtype float32, got complex64")):
+            opforge.add(x, y, out=out)
     with pytest.raises(TypeError, match=message(
             "add(): 'out' is a ndarray with dtype >f4 on cpu, which opforge cannot write to")):
         opforge.add(x, y, out=np.empty((3, 5), ">f4"))
@@ -231,12 +228,18 @@ def test_out_refuses_jax_and_autograd(rng):
         opforge.add(x, x, out=torch.empty(4))
     with pytest.raises(TypeError, match=r"^add\(\): 'out' is a torch tensor that requires grad, and out="):
         opforge.add(x.detach(), x.detach(), out=torch.empty(4, requires_grad=True))
-    with pytest.raises(TypeError, match=r"^relu\(\): 'x' is a Tensor with dtype torch.float32 on meta, which opforge "
-                       r"cannot read without a copy \(out= runs on CPU and CUDA arrays that own memory"):
-        opforge.relu(torch.empty(4, device="meta"), out=torch.empty(4, device="meta"))
+    # Meta tensors: torch's out variant checks them, as torch's own ops (nothing to write); a
+    # meta out beside arrays of another kind takes the generic path, which must say why it cannot.
+    meta = torch.empty(4, device="meta")
+    assert opforge.relu(meta, out=meta) is meta
+    with pytest.raises(ValueError, match=message("relu(): 'out' must have shape [4], got [5]")):
+        opforge.relu(meta, out=torch.empty(5, device="meta"))
+    with pytest.raises(RuntimeError, match=r"^relu\(\): 'out' is on meta but 'x' is on cpu"):
+        opforge.relu(torch.ones(4), out=meta)
     with pytest.raises(TypeError, match=r"^relu\(\): 'out' is a Tensor with dtype float32 on meta, which opforge "
-                       r"cannot write to \(out= runs on CPU and CUDA arrays that own memory"):
-        opforge.relu(torch.ones(4), out=torch.empty(4, device="meta"))
+                       r"cannot write to \(out= with arrays of different kinds writes CPU or CUDA memory: for meta or "
+                       r"forge tensors, or under torch.compile, pass torch tensors only, inputs and out\)$"):
+        opforge.relu(np.ones(4, np.float32), out=meta)
     jax = pytest.importorskip("jax")
     a = jax.numpy.ones(4, jax.numpy.float32)
     with pytest.raises(TypeError, match=message(
@@ -247,18 +250,3 @@ def test_out_refuses_jax_and_autograd(rng):
             "add(): out= cannot be used while JAX traces (jit, grad, vmap): JAX arrays are immutable; use the "
             "result")):
         jax.jit(lambda v: opforge.add(v, v, out=np.empty(4, np.float32)))(a)
-
-
-def test_out_under_torch_compile_is_a_clear_error():
-    code = """
-import torch, opforge
-def f(x, out):
-    opforge.relu(x, out=out)
-    return out
-try:
-    torch.compile(f, fullgraph=True)(torch.randn(4), torch.empty(4))
-except Exception as e:
-    print(type(e).__name__, e)
-"""
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert "out= runs on CPU and CUDA arrays that own memory: under torch.compile" in run.stdout, run.stdout + run.stderr

@@ -337,7 +337,8 @@ def test_stub_matches_registry():
 @pytest.mark.parametrize("name", OPS)
 def test_functions_and_ops_follow_the_schema(name):
     fn = getattr(ot, name)
-    params = list(inspect.signature(fn).parameters.values())
+    *params, out = inspect.signature(fn).parameters.values()  # the last: out= (the out variant's)
+    assert (out.name, out.kind, out.default) == ("out", inspect.Parameter.KEYWORD_ONLY, None)
     assert [p.name for p in params] == [a["name"] for a in CORE[name].args]
     assert [p.annotation for p in params] == [ot._KINDS[a["kind"]][0] for a in CORE[name].args]
     assert CORE[name].schema in fn.__doc__ and CORE[name].doc in fn.__doc__
