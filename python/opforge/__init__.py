@@ -57,22 +57,24 @@ loaded_plugins = plugins.load_from_environment()
 if _core.registration_errors():
     raise ImportError("opforge: some ops failed to register:\n  " + "\n  ".join(_core.registration_errors()))
 
-_KIND_ANNOTATION = {"Tensor": "Array", "Tensor?": "Array | None", "float": float, "int": int,
-                    "bool": bool, "str": str}
+# Annotations as text, as a type stub writes them (python -m opforge._stub prints these signatures).
+_KIND_ANNOTATION = {"Tensor": "Array", "Tensor?": "Array | None", "float": "float", "int": "int",
+                    "bool": "bool", "str": "str"}
 
 
 def _signature(op: _core.Op, out: bool = False) -> _inspect.Signature:
     """The schema as a Python signature; with `out`, the generic functions' keyword-only out=
-    (arrays to write the results into: one, or a tuple with an array or None per result)."""
+    (arrays to write the results into: one, or a sequence with an array or None per result)."""
     params = []
     for a in op.args:
         default = a["default"] if a["has_default"] else _inspect.Parameter.empty
         params.append(_inspect.Parameter(a["name"], _inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                          default=default, annotation=_KIND_ANNOTATION[a["kind"]]))
-    returns = "Array" if op.num_results == 1 else "tuple[Array, ...]"
+    n = op.num_results
+    returns = "Array" if n == 1 else f"tuple[{', '.join(['Array'] * n)}]"
     if out and "out" not in (a["name"] for a in op.args):
         params.append(_inspect.Parameter("out", _inspect.Parameter.KEYWORD_ONLY, default=None,
-                                         annotation=f"{returns} | None"))
+                                         annotation="Array | None" if n == 1 else "Sequence[Array | None] | None"))
     return _inspect.Signature(params, return_annotation=returns)
 
 

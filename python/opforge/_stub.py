@@ -10,6 +10,7 @@ at run time, are the stub's module __getattr__: callables of any signature).
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 import types
 from pathlib import Path
@@ -36,35 +37,28 @@ class PluginError(RuntimeError): ...
 def __getattr__(name: str) -> Callable[..., Any]: ...
 '''
 
-_KIND = {"Tensor": "_A", "Tensor?": "_A | None", "float": "float", "int": "int", "bool": "bool", "str": "str"}
+def _signature_line(name: str, signature: inspect.Signature, rename=lambda text: text) -> str:
+    """`def name(...) -> ...: ...` with the annotations as written (text), each through `rename`."""
+    params, star = [], False
+    for p in signature.parameters.values():
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and not star:
+            params.append("*")
+            star = True
+        text = p.name if p.annotation is inspect.Parameter.empty else f"{p.name}: {rename(p.annotation)}"
+        params.append(text if p.default is inspect.Parameter.empty else f"{text} = {p.default!r}")
+    returns = signature.return_annotation
+    return f"def {name}({', '.join(params)})" + ("" if returns is inspect.Signature.empty else f" -> {rename(returns)}") + ": ..."
 
 
-def _op_line(op) -> str:
-    params = [f"{a['name']}: {_KIND[a['kind']]}" + (f" = {a['default']!r}" if a["has_default"] else "")
-              for a in op.args]
-    result = "_A" if op.num_results == 1 else "tuple[" + ", ".join(["_A"] * op.num_results) + "]"
-    if "out" not in (a["name"] for a in op.args):  # one array, or one (or None) per result
-        out = "_A" if op.num_results == 1 else "Sequence[_A | None]"
-        params += ["*", f"out: {out} | None = None"]
-    return f"def {op.name}({', '.join(params)}) -> {result}: ..."
-
-
-def _parameter(p: inspect.Parameter) -> str:
-    text = p.name if p.annotation is inspect.Parameter.empty else f"{p.name}: {p.annotation}"
-    return text if p.default is inspect.Parameter.empty else f"{text} = {p.default!r}"
+def _op_line(name: str) -> str:
+    """An op as help() shows it (opforge._signature), its arrays the stub's TypeVar: the result is
+    the kind of array given."""
+    return _signature_line(name, inspect.signature(getattr(opforge, name)), lambda text: re.sub(r"\bArray\b", "_A", text))
 
 
 def _function_line(name: str, value) -> str:
     if isinstance(value, types.FunctionType):  # Python: its signature, annotations as written
-        signature = inspect.signature(value)
-        params, star = [], False
-        for p in signature.parameters.values():
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and not star:
-                params.append("*")
-                star = True
-            params.append(_parameter(p))
-        returns = signature.return_annotation
-        return f"def {name}({', '.join(params)})" + ("" if returns is inspect.Signature.empty else f" -> {returns}") + ": ..."
+        return _signature_line(name, inspect.signature(value))
     first = (value.__doc__ or "").splitlines()[0]  # nanobind's: "name(args) -> result"
     if not first.startswith(f"{name}("):
         raise ValueError(f"opforge.{name}: no signature in its docstring: {first!r}")
@@ -80,7 +74,7 @@ def stub_text() -> str:
             continue  # ops below; submodules, PluginError and data in the header
         lines.append(_function_line(name, value))
     lines += ["", "# The ops: opforge.<op>(...), from each one's schema."]
-    lines += [_op_line(opforge._core.op(name)) for name in sorted(ops)]
+    lines += [_op_line(name) for name in sorted(ops)]
     return "\n".join(lines) + "\n"
 
 
