@@ -78,6 +78,20 @@ Bound bind(const OpDef& op, torch::jit::Stack& stack, size_t n) {
   return b;
 }
 
+// Queues the kernel on the current forge stream, writing `views` (over `results`); the inputs and
+// results stay alive, and readable by host code, until it has run.
+void enqueue(const OpDef& op, const Selection& selection, Bound&& b, std::vector<TensorView> views,
+             const std::vector<at::Tensor>& results) {
+  std::vector<at::Tensor> keep = std::move(b.keep);
+  keep.insert(keep.end(), results.begin(), results.end());
+  current_stream(b.device).enqueue([&op, selection, inputs = std::move(b.inputs), views = std::move(views),
+                                    keep = std::move(keep)] {
+    HostAccess access;
+    for (const at::Tensor& t : keep) access.add(t);
+    run_kernel(op, selection, inputs, views, nullptr);
+  });
+}
+
 void run(const OpDef& op, const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
   Bound b = bind(op, *stack, schema.arguments().size());
   const Outputs results = infer_outputs(op, b.inputs);
@@ -90,14 +104,7 @@ void run(const OpDef& op, const c10::FunctionSchema& schema, torch::jit::Stack* 
     views.push_back(TensorView{outputs.back().data_ptr(), spec.dtype, Device{DeviceType::cpu, 0}, spec.shape,
                                spec.strides});
   }
-  std::vector<at::Tensor> keep = std::move(b.keep);
-  keep.insert(keep.end(), outputs.begin(), outputs.end());
-  current_stream(b.device).enqueue([&op, selection, inputs = std::move(b.inputs), views = std::move(views),
-                                    keep = std::move(keep)] {
-    HostAccess access;
-    for (const at::Tensor& t : keep) access.add(t);
-    run_kernel(op, selection, inputs, views, nullptr);
-  });
+  enqueue(op, selection, std::move(b), std::move(views), outputs);
   for (at::Tensor& t : outputs) stack->push_back(std::move(t));
 }
 
@@ -131,14 +138,7 @@ void run_out(const OpDef& op, const c10::FunctionSchema& schema, torch::jit::Sta
   const Selection selection = select_kernel(op, b.inputs);
   std::vector<TensorView> written;
   for (auto& view : views) written.push_back(std::move(*view));
-  std::vector<at::Tensor> keep = std::move(b.keep);
-  keep.insert(keep.end(), outs.begin(), outs.end());
-  current_stream(b.device).enqueue([&op, selection, inputs = std::move(b.inputs), written = std::move(written),
-                                    keep = std::move(keep)] {
-    HostAccess access;
-    for (const at::Tensor& t : keep) access.add(t);
-    run_kernel(op, selection, inputs, written, nullptr);
-  });
+  enqueue(op, selection, std::move(b), std::move(written), outs);
 }
 
 // opforge's errors become torch's typed errors, which Python raises as TypeError, ValueError,

@@ -51,36 +51,23 @@ std::string& load_errors() {
   return errors;
 }
 
-template <int I>
+// The boxed kernel of op I: `run` (the op, or its out variant) with the error's kind remembered.
+template <int I, void (*run)(const OpDef&, StableIValue*, uint64_t, uint64_t)>
 void boxed(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
   try {
-    run_boxed(*defined().ops[I], stack, num_args, num_outputs);
+    run(*defined().ops[I], stack, num_args, num_outputs);
   } catch (const Error& e) {
     remember_error(e);
     throw;
   }
 }
 
-template <int I>
-void boxed_out(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
-  try {
-    run_boxed_out(*defined().ops[I], stack, num_args, num_outputs);
-  } catch (const Error& e) {
-    remember_error(e);
-    throw;
-  }
-}
-
-template <int... I>
+template <void (*run)(const OpDef&, StableIValue*, uint64_t, uint64_t), int... I>
 constexpr std::array<BoxedFn, sizeof...(I)> make_trampolines(std::integer_sequence<int, I...>) {
-  return {&boxed<I>...};
+  return {&boxed<I, run>...};
 }
-template <int... I>
-constexpr std::array<BoxedFn, sizeof...(I)> make_out_trampolines(std::integer_sequence<int, I...>) {
-  return {&boxed_out<I>...};
-}
-constexpr auto kTrampolines = make_trampolines(std::make_integer_sequence<int, kMaxOps>{});
-constexpr auto kOutTrampolines = make_out_trampolines(std::make_integer_sequence<int, kMaxOps>{});
+constexpr auto kTrampolines = make_trampolines<&run_boxed>(std::make_integer_sequence<int, kMaxOps>{});
+constexpr auto kOutTrampolines = make_trampolines<&run_boxed_out>(std::make_integer_sequence<int, kMaxOps>{});
 
 // The registered ops torch has not been given yet.
 std::vector<const OpDef*> new_ops() {
