@@ -8,6 +8,14 @@ meta tensors and torch.compile work and bad inputs fail while tracing with opfor
 autograd through the declared backward op (an op without one raises when differentiated); and
 ``opforge.torch.<op>(...)`` with the schema's signature, type hints (torch.pyi) and docstring.
 
+Every op also has an out variant, ``torch.ops.opforge.<op>.out(..., *, Tensor(a!) out) -> ()``
+(opforge/out.h; one out per result), defined and given CPU and CUDA kernels by the same library.
+It returns nothing, so torch.compile functionalizes it (auto_functionalized) and reinplaces it
+where it can. Registered here: its fake kernel (the op's, which then checks the outs) and an
+Autograd kernel that refuses tensors needing a gradient, as torch's own out= variants do, and
+bumps the outs' version counters. ``opforge.torch.<op>(..., out=...)`` calls it (plain CPU
+tensors through the direct call), and ``opforge.<op>`` given torch tensors and outs calls that.
+
 What the stable ABI cannot express lives in libopforge_torch_native.so (bindings/torch_native),
 built per torch version and loaded only on the torch it was built for: the autograd kernels in
 C++ (NATIVE_AUTOGRAD; a Python autograd kernel would cost several microseconds per call) and
