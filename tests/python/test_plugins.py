@@ -69,6 +69,10 @@ t = torch.arange(5.0, requires_grad=True)  # opforge.<op> on torch tensors: opfo
 opforge.plus_two(t).sum().backward()
 assert torch.equal(t.grad, torch.ones(5))
 assert torch.equal(torch.compile(lambda a: opforge.plus_two(a) * 3, fullgraph=True)(t.detach()), (t.detach() + 2) * 3)
+o = torch.empty(5)  # its out variant, eager and compiled
+assert opforge.plus_two(torch.zeros(5), out=o) is o and torch.equal(o, torch.full((5,), 2.0))
+torch.compile(lambda a, b: ot.plus_two(a, out=b), fullgraph=True)(torch.ones(5), o)
+assert torch.equal(o, torch.full((5,), 3.0))
 j = jnp.arange(5.0)
 assert jnp.array_equal(jax.jit(oj.plus_two)(j), j + 2)
 assert jnp.array_equal(jax.jit(opforge.plus_two)(j), j + 2)  # a tracer: opforge.jax's
@@ -112,6 +116,8 @@ def test_load_plugin_after_every_frontend_imported(plus_two, native):
             "assert torch.equal(ot.plus_two(torch.ones(3)), torch.full((3,), 3.0))\n"
             "if 'opforge.forge' in __import__('sys').modules:\n"
             "    assert torch.equal(ot.plus_two(torch.ones(3, device='forge')).cpu(), torch.full((3,), 3.0))\n"
+            "    o = torch.empty(3, device='forge')\n"
+            "    assert ot.plus_two(torch.ones(3, device='forge'), out=o) is o and torch.equal(o.cpu(), torch.full((3,), 3.0))\n"
             "print('ok')")
     out = run_python(code, OPFORGE_TORCH_NATIVE=native)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-4000:]
