@@ -42,6 +42,7 @@
 
 #include "bindings/torch_native/autocast.h"
 #include "bindings/torch_native/cpu_direct.h"
+#include "opforge/out.h"
 #include "opforge/registry.h"
 
 #define OPFORGE_TORCH_EXPORT extern "C" __attribute__((visibility("default")))
@@ -389,6 +390,53 @@ class AutogradKernel final : public c10::OperatorKernel {
   std::shared_ptr<Plan> plan_;
 };
 
+// The Autograd kernel of an op's out variant (opforge/out.h). As torch's own out= variants, no
+// autograd through it: a tensor that needs a gradient is refused (TypeError, the words of
+// opforge's other paths). Below autograd, its kernel straight on plain CPU tensors (write_on_cpu)
+// or the dispatcher's next keys; either way each out's version counter is bumped after the
+// write, as torch's in-place ops do, so autograd refuses a value it saved before it.
+class OutAutogradKernel final : public c10::OperatorKernel {
+ public:
+  explicit OutAutogradKernel(const OpDef& op) : op_(op) {}
+
+  void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+    const size_t num_args = op_.schema().args.size(), count = static_cast<size_t>(op_.schema().num_results);
+    const size_t start = stack->size() - num_args - count;
+    if (at::GradMode::is_enabled())
+      for (size_t i = 0; i < num_args + count; ++i) {
+        const c10::IValue& value = (*stack)[start + i];
+        TORCH_CHECK_TYPE(!value.isTensor() || !value.toTensor().requires_grad(), op_.name(), "(): '",
+                         i < num_args ? op_.schema().args[i].name : out_name(i - num_args, count),
+                         "' is a torch tensor that requires grad, and out= does not support autograd (as torch's own "
+                         "out= variants): call it under torch.no_grad(), or without out=");
+      }
+    std::vector<at::Tensor> outs;
+    bool plain_outs = true;
+    for (size_t i = 0; i < count; ++i) {
+      outs.push_back((*stack)[start + num_args + i].toTensor());
+      plain_outs = plain_outs && plain_cpu(outs.back());
+    }
+    const std::optional<OpInputs> inputs =
+        plain_outs && thread_allows_direct(op_)
+            ? plain_inputs(op_, c10::ArrayRef<c10::IValue>(*stack).slice(start, num_args), /*below_autograd=*/true)
+            : std::nullopt;
+    if (!inputs) {
+      redispatch_below_autograd(handle, keys, stack);
+      for (const at::Tensor& t : outs) t.unsafeGetTensorImpl()->bump_version();
+      return;
+    }
+    try {
+      write_on_cpu(op_, *inputs, outs, /*holds_gil=*/false);  // bumps the versions itself
+    } catch (const Error& error) {
+      throw_typed(error);
+    }
+    stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(start), stack->end());
+  }
+
+ private:
+  const OpDef& op_;
+};
+
 // Reads `op`'s declaration into a Plan; throws (caught by the caller) if the backward op cannot
 // be bound, which opforge's own registry has already checked.
 std::shared_ptr<Plan> make_plan(const OpDef& op) {
@@ -456,7 +504,7 @@ std::string& load_errors() {
   return errors;
 }
 
-// Ops given their Autograd kernel so far, by name.
+// Ops given their Autograd kernels (the op's, its out variant's) so far, by name.
 std::set<std::string>& implemented() {
   static std::set<std::string> names;
   return names;
@@ -470,6 +518,8 @@ void implement_new(torch::Library& m, std::string& errors) {
     if (!implemented().insert(op->name()).second) continue;
     try {
       m.impl(op->name().c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AutogradKernel>(make_plan(*op))));
+      if (!out_variant_schema(*op).empty())
+        m.impl((op->name() + ".out").c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<OutAutogradKernel>(*op)));
     } catch (const std::exception& e) {
       errors += "autograd kernel of '" + op->name() + "': " + e.what() + "\n";
     }

@@ -312,9 +312,10 @@ def _refuse_grad(op: _Op, named_tensors) -> None:
 
 
 def _out_autograd_kernel(op: _Op):
-    """torch.ops.opforge.<op>.out's Autograd kernel: refuses tensors that require grad, runs the
-    kernel below autograd and marks the outs written (their version counters, as torch's own
-    in-place writes do: autograd then refuses a value it saved before the write)."""
+    """torch.ops.opforge.<op>.out's Autograd kernel where the C++ one is not loaded: refuses
+    tensors that require grad, runs the kernel below autograd and marks the outs written (their
+    version counters, as torch's own in-place writes do: autograd then refuses a value it saved
+    before the write)."""
     below = torch._C._AutoDispatchBelowADInplaceOrView
 
     def kernel(*args, **kwargs):
@@ -577,7 +578,8 @@ def _register(names: list[str]) -> None:
         torch.library.register_fake(op.overload, op.allocate, lib=_LIB)
         if op.out_overload:
             torch.library.register_fake(op.out_overload, op.allocate, lib=_LIB)
-            _LIB.impl(op.out_overload, _out_autograd_kernel(op), "Autograd")
+            if not NATIVE_AUTOGRAD:  # else bindings/torch_native/autograd.cc's OutAutogradKernel
+                _LIB.impl(op.out_overload, _out_autograd_kernel(op), "Autograd")
         setup_context, backward = _autograd_rules(op)
         if not NATIVE_AUTOGRAD:
             torch.library.register_autograd(op.overload, backward, setup_context=setup_context, lib=_LIB)

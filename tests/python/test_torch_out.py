@@ -3,7 +3,10 @@ torch.compile(fullgraph=True) over opforge.torch.<op>(..., out=) and opforge.<op
 autograd's view of the write, and its errors. Results are compared with the op's allocating
 variant on the same inputs (test_out.py holds the bit-for-bit comparisons of every op)."""
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -164,3 +167,26 @@ def test_out_arguments_are_typed_errors():
         ot.add_backward(x, x, x, out=(shared, shared))
     with pytest.raises(ValueError, match=re.escape("add(): 'out' must be dense (every element once")):
         ot.add(x, x, out=torch.empty(3, 8)[:, ::2])
+
+
+def test_without_the_native_library_the_python_kernels_do_the_same():
+    """Where libopforge_torch_native.so is not loaded (another torch version; forced here), the
+    out variant's Autograd kernel is Python's: the same refusal, version bump and results."""
+    code = """
+import torch, opforge.torch as ot
+assert not ot.NATIVE_AUTOGRAD
+x, out = torch.randn(5), torch.empty(5)
+version = out._version
+assert torch.ops.opforge.add.out(x, x, out=out) is None and torch.equal(out, 2 * x) and out._version == version + 1
+assert ot.relu(x, out=out) is out and torch.equal(out, torch.relu(x)) and out._version == version + 2
+try:
+    torch.ops.opforge.add.out(x.requires_grad_(), x, out=out)
+except TypeError as e:
+    assert "add(): 'x' is a torch tensor that requires grad, and out= does not support autograd" in str(e), e
+else:
+    raise AssertionError("a tensor that requires grad was accepted")
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OPFORGE_TORCH_NATIVE": "0"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-4000:]
