@@ -11,9 +11,9 @@ autograd through the declared backward op (an op without one raises when differe
 Every op also has an out variant, ``torch.ops.opforge.<op>.out(..., *, Tensor(a!) out) -> ()``
 (opforge/out.h; one out per result), defined and given CPU and CUDA kernels by the same library.
 It returns nothing, so torch.compile functionalizes it (auto_functionalized) and reinplaces it
-where it can. Registered here: its fake kernel (the op's, which then checks the outs) and an
-Autograd kernel that refuses tensors needing a gradient, as torch's own out= variants do, and
-bumps the outs' version counters. ``opforge.torch.<op>(..., out=...)`` calls it (plain CPU
+where it can. Registered here: its fake kernel (the op's, which then checks the outs) and, where
+the C++ half is not loaded, its Autograd kernel, which refuses tensors needing a gradient, as
+torch's own out= variants do, and bumps the outs' version counters. ``opforge.torch.<op>(..., out=...)`` calls it (plain CPU
 tensors through the direct call), and ``opforge.<op>`` given torch tensors and outs calls that.
 
 What the stable ABI cannot express lives in libopforge_torch_native.so (bindings/torch_native),
