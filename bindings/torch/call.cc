@@ -78,8 +78,8 @@ int32_t torch_dtype(DType dtype) {
 // Must agree with python/opforge/torch.py, which raises the same message from fake kernels.
 // `torch_device` receives torch's own (type, index) for the allocation of the results. `out`:
 // the result this tensor is to hold (an out= tensor), named in a dtype error.
-TensorView view_of(const OpDef& op, const std::string& name, AtenTensorHandle t, std::pair<int32_t, int32_t>& torch_device,
-                   const OutputSpec* out = nullptr) {
+TensorView view_of(const OpDef& op, const std::string& name, AtenTensorHandle t,
+                   std::pair<int32_t, int32_t>& torch_device, const OutputSpec* out = nullptr) {
   TensorView view;
   int32_t code = 0;
   check(aoti_torch_get_dtype(t, &code), "aoti_torch_get_dtype");
@@ -264,7 +264,8 @@ StackArgs read_stack(const OpDef& op, StableIValue* stack, uint64_t num_args, si
         // The stable headers unbox (and free) the optional as the targeted torch version boxes it.
         auto t = torch::stable::detail::to<std::optional<torch::stable::Tensor>>(value);
         AtenTensorHandle own = nullptr;
-        if (t && aoti_torch_new_tensor_handle(t->get(), &own) != AOTI_TORCH_SUCCESS) failed = "aoti_torch_new_tensor_handle";
+        if (t && aoti_torch_new_tensor_handle(t->get(), &own) != AOTI_TORCH_SUCCESS)
+          failed = "aoti_torch_new_tensor_handle";
         a.held[i].reset(own);
         break;
       }

@@ -47,13 +47,15 @@ def _signature_line(name: str, signature: inspect.Signature, rename=lambda text:
         text = p.name if p.annotation is inspect.Parameter.empty else f"{p.name}: {rename(p.annotation)}"
         params.append(text if p.default is inspect.Parameter.empty else f"{text} = {p.default!r}")
     returns = signature.return_annotation
-    return f"def {name}({', '.join(params)})" + ("" if returns is inspect.Signature.empty else f" -> {rename(returns)}") + ": ..."
+    arrow = "" if returns is inspect.Signature.empty else f" -> {rename(returns)}"
+    return f"def {name}({', '.join(params)}){arrow}: ..."
 
 
 def _op_line(name: str) -> str:
     """An op as help() shows it (opforge._signature), its arrays the stub's TypeVar: the result is
     the kind of array given."""
-    return _signature_line(name, inspect.signature(getattr(opforge, name)), lambda text: re.sub(r"\bArray\b", "_A", text))
+    return _signature_line(name, inspect.signature(getattr(opforge, name)),
+                           lambda text: re.sub(r"\bArray\b", "_A", text))
 
 
 def _function_line(name: str, value) -> str:

@@ -13,8 +13,9 @@ Every op also has an out variant, ``torch.ops.opforge.<op>.out(..., *, Tensor(a!
 It returns nothing, so torch.compile functionalizes it (auto_functionalized) and reinplaces it
 where it can. Registered here: its fake kernel (the op's, which then checks the outs) and, where
 the C++ half is not loaded, its Autograd kernel, which refuses tensors needing a gradient, as
-torch's own out= variants do, and bumps the outs' version counters. ``opforge.torch.<op>(..., out=...)`` calls it (plain CPU
-tensors through the direct call), and ``opforge.<op>`` given torch tensors and outs calls that.
+torch's own out= variants do, and bumps the outs' version counters. ``opforge.torch.<op>(...,
+out=...)`` calls it (plain CPU tensors through the direct call), and ``opforge.<op>`` given torch
+tensors and outs calls that.
 
 What the stable ABI cannot express lives in libopforge_torch_native.so (bindings/torch_native),
 built per torch version and loaded only on the torch it was built for: the autograd kernels in
@@ -501,7 +502,8 @@ def _make_function(op: _Op):
                 f"        with __below_autograd():\n            return __op({names})\n"
                 f"    except RuntimeError as error:\n        __reraise(error)\n")
     if op.out_overload:
-        body = f"    if out is not None:\n        return __out(({names}{',' if len(op.args) == 1 else ''}), out)\n" + body
+        values = f"({names}{',' if len(op.args) == 1 else ''})"  # a tuple, of one argument too
+        body = f"    if out is not None:\n        return __out({values}, out)\n" + body
     source = f"def {_signature_text(op)}:\n{checks}{body}"
 
     def bad(name, expected, value):
