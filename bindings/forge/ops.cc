@@ -1,7 +1,8 @@
 // torch.ops.opforge.<op> and its out variant on forge tensors, natively (no CPU fallback): one
-// boxed kernel for every op, generic over its declaration. Arguments are validated and results allocated on the
-// calling thread, so bad input raises at the call; the kernel itself, opforge's CPU kernel run
-// on forge memory presented as cpu TensorViews, is queued on the current forge stream.
+// boxed kernel for every op, generic over its declaration. Arguments are validated and results
+// allocated (or the outs checked) on the calling thread, so bad input raises at the call; the
+// kernel itself, opforge's CPU kernel run on forge memory presented as cpu TensorViews, is
+// queued on the current forge stream.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
