@@ -107,6 +107,21 @@ std::string out_variant_schema(const OpDef& op) {
 
 std::string out_name(size_t i, size_t n) { return n == 1 ? std::string("out") : str("out[", i, "]"); }
 
+void fail_out_needs_grad(const OpDef& op, std::string_view name) {
+  fail(ErrorKind::type, op.name(), "(): '", name,
+       "' is a torch tensor that requires grad, and out= does not support autograd (as torch's own out= variants): "
+       "call it under torch.no_grad(), or without out=");
+}
+
+void check_out_count(const OpDef& op, bool sequence, size_t given, std::string_view type) {
+  const auto count = static_cast<size_t>(op.schema().num_results);
+  if (sequence && given != count)
+    fail(ErrorKind::type, op.name(), "(): 'out' must hold ", count, count == 1 ? " array" : " arrays",
+         " (one per result), got a ", type, " of ", given);
+  if (!sequence && count != 1)
+    fail(ErrorKind::type, op.name(), "(): 'out' must be a tuple of ", count, " arrays (one per result), got ", type);
+}
+
 void check_out(const OpDef& op, const OpInputs& inputs, const Outputs& results,
                std::span<const std::optional<TensorView>> out, std::span<const std::string> names) {
   OPFORGE_CHECK(out.size() == results.size() && names.size() == results.size(), op.name(), ": ", out.size(),

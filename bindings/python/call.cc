@@ -124,10 +124,7 @@ nb::object checked_torch_capsule(const OpDef& op, std::string_view name, nb::han
   static PyObject* is_grad_enabled = nullptr;
   if (nb::cast<bool>(value.attr("requires_grad")) &&
       nb::cast<bool>(nb::handle(module_function(is_grad_enabled, "torch", "is_grad_enabled"))())) {
-    if (writes_out)
-      fail(ErrorKind::type, op.name(), "(): '", name,
-           "' is a torch tensor that requires grad, and out= does not support autograd (as torch's own out= "
-           "variants): call it under torch.no_grad(), or without out=");
+    if (writes_out) fail_out_needs_grad(op, name);
     fail(ErrorKind::type, op.name(), "(): '", name,
          "' is a torch tensor that requires grad; the DLPack path that arrays of mixed kinds take carries "
          "no autograd: call .detach() first, or pass torch tensors only (then opforge.torch.", op.name(),

@@ -9,6 +9,7 @@
 #include "call.h"
 #include "function.h"
 #include "opforge/dispatch.h"
+#include "opforge/out.h"
 #ifdef OPFORGE_WITH_CUDA
 #include "opforge/cuda/blaslt.h"
 #endif
@@ -130,6 +131,14 @@ NB_MODULE(_core, m) {
            },
            nb::arg("arg"), nb::arg("got"),
            "Raises the TypeError every frontend raises for an argument of a dtype opforge lacks.")
+      .def("fail_out_needs_grad", [](const PyOp& self, const std::string& name) { fail_out_needs_grad(*self.op, name); },
+           nb::arg("name"), "Raises the TypeError for an input or out that requires grad: out= has no autograd.")
+      .def("check_out_count",
+           [](const PyOp& self, bool sequence, size_t given, const std::string& type) {
+             check_out_count(*self.op, sequence, given, type);
+           },
+           nb::arg("sequence"), nb::arg("given"), nb::arg("type"),
+           "Raises the TypeError for out= holding the wrong number of arrays (`type`: what was given).")
       .def("backend_for",
            [](const PyOp& self, nb::args args, nb::kwargs kwargs) {
              python::CallArgsStorage storage;
@@ -201,6 +210,7 @@ NB_MODULE(_core, m) {
     for (const OpDef* op : all_ops()) names.push_back(op->name());
     return names;
   });
+  m.def("out_name", &out_name, nb::arg("i"), nb::arg("n"), "How errors name out i of n results: 'out', or 'out[i]'.");
   m.def("backends", &backend_list, "Backends with availability, reason and score.");
   m.def("num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, nb::arg("n"));

@@ -54,17 +54,11 @@ OutArrays out_arrays(const OpDef& op, nb::handle out, const PreparedCall& call) 
   OutArrays result;
   result.sequence = PyTuple_Check(out.ptr()) || PyList_Check(out.ptr());
   std::vector<nb::handle> given;  // borrowed from `out`, which the call holds
-  if (result.sequence) {
+  if (result.sequence)
     for (nb::handle item : nb::borrow<nb::sequence>(out)) given.push_back(item);
-    if (given.size() != count)
-      fail(ErrorKind::type, op.name(), "(): 'out' must hold ", count, count == 1 ? " array" : " arrays",
-           " (one per result), got a ", python_type_name(out), " of ", given.size());
-  } else {
-    if (count != 1)
-      fail(ErrorKind::type, op.name(), "(): 'out' must be a tuple of ", count, " arrays (one per result), got ",
-           python_type_name(out));
+  else
     given.push_back(out);
-  }
+  check_out_count(op, result.sequence, given.size(), python_type_name(out));
   std::vector<std::string> names;
   for (size_t i = 0; i < count; ++i) {
     names.push_back(result.sequence ? str("out[", i, "]") : std::string("out"));

@@ -405,10 +405,12 @@ class OutAutogradKernel final : public c10::OperatorKernel {
     if (at::GradMode::is_enabled())
       for (size_t i = 0; i < num_args + count; ++i) {
         const c10::IValue& value = (*stack)[start + i];
-        TORCH_CHECK_TYPE(!value.isTensor() || !value.toTensor().requires_grad(), op_.name(), "(): '",
-                         i < num_args ? op_.schema().args[i].name : out_name(i - num_args, count),
-                         "' is a torch tensor that requires grad, and out= does not support autograd (as torch's own "
-                         "out= variants): call it under torch.no_grad(), or without out=");
+        if (!value.isTensor() || !value.toTensor().requires_grad()) continue;
+        try {
+          fail_out_needs_grad(op_, i < num_args ? op_.schema().args[i].name : out_name(i - num_args, count));
+        } catch (const Error& error) {
+          throw_typed(error);
+        }
       }
     std::vector<at::Tensor> outs;
     bool plain_outs = true;

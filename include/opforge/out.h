@@ -6,6 +6,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "opforge/op.h"
@@ -23,6 +24,14 @@ std::string out_variant_schema(const OpDef& op);
 
 // How an error names out i of n: 'out' for one result, 'out[i]' for several.
 std::string out_name(size_t i, size_t n);
+
+// The TypeError for an input or out (`name`) that needs a gradient: out= does not support
+// autograd, as torch's own out= variants. Every frontend that takes torch tensors raises it.
+[[noreturn]] void fail_out_needs_grad(const OpDef& op, std::string_view name);
+
+// Checks how many outs the caller gave: a sequence (tuple or list, `type` naming its kind)
+// must hold one per result; a single array is out= for an op with one result only.
+void check_out_count(const OpDef& op, bool sequence, size_t given, std::string_view type);
 
 // Checks the caller's tensors (one per result; nullopt: none given, allocate it) against the
 // results the shape rule gave for `inputs`, throwing typed Errors that name the op and

@@ -276,7 +276,7 @@ def _fake_kernel(op: _Op):
         # Real tensors reach this kernel on torch's Meta key, even mixed with CPU ones (whose
         # results it would make, unfilled): every device must agree, as in the C++ validator.
         placed = [(n, t.device) for n, t in zip(op.tensor_names, tensors) if t is not None]
-        placed += [(_out_name(i, len(outs)), t.device) for i, t in enumerate(outs or ())]
+        placed += [(_core.out_name(i, len(outs)), t.device) for i, t in enumerate(outs or ())]
         for name, device in placed[1:]:
             if device != placed[0][1]:
                 raise RuntimeError(f"{op.name}(): '{name}' is on {device} but '{placed[0][0]}' is on {placed[0][1]}; "
@@ -302,14 +302,12 @@ def _fake_kernel(op: _Op):
 
 
 def _refuse_grad(op: _Op, named_tensors) -> None:
-    """out= does not support autograd (as torch's own out= variants): the same TypeError as the
-    generic path's (bindings/python/call.cc), naming the first tensor that requires grad."""
+    """out= does not support autograd (as torch's own out= variants): the TypeError every
+    frontend raises (opforge/out.h), naming the first tensor that requires grad."""
     if torch.is_grad_enabled():
         for name, t in named_tensors:
             if t is not None and t.requires_grad:
-                raise TypeError(f"{op.name}(): '{name}' is a torch tensor that requires grad, and out= does not "
-                                "support autograd (as torch's own out= variants): call it under torch.no_grad(), "
-                                "or without out=")
+                _core.op(op.name).fail_out_needs_grad(name)
 
 
 def _out_autograd_kernel(op: _Op):
@@ -323,16 +321,12 @@ def _out_autograd_kernel(op: _Op):
         values = op.bind(args, {k: v for k, v in kwargs.items() if k not in op.out_names})
         outs = [kwargs[n] for n in op.out_names]
         _refuse_grad(op, [*((n, values[n]) for n in op.tensor_names),
-                          *((_out_name(i, len(outs)), t) for i, t in enumerate(outs))])
+                          *((_core.out_name(i, len(outs)), t) for i, t in enumerate(outs))])
         with below():
             op.out_overload(*args, **kwargs)
         torch.autograd.graph.increment_version(outs)
 
     return kernel
-
-
-def _out_name(i: int, n: int) -> str:
-    return "out" if n == 1 else f"out[{i}]"  # as errors name them (opforge/out.h)
 
 
 def _out_caller(op: _Op):
@@ -355,12 +349,8 @@ def _out_caller(op: _Op):
                 return out
         sequence = isinstance(out, (tuple, list))
         outs = list(out) if sequence else [out]
-        if sequence and len(outs) != n:
-            raise TypeError(f"{op.name}(): 'out' must hold {n} {'array' if n == 1 else 'arrays'} (one per result), "
-                            f"got a {type(out).__name__} of {len(outs)}")
-        if not sequence and n != 1:
-            raise TypeError(f"{op.name}(): 'out' must be a tuple of {n} arrays (one per result), "
-                            f"got {type(out).__name__}")
+        if len(outs) != n if sequence else n != 1:  # (dynamo traces this function, not the C++ check)
+            _core.op(op.name).check_out_count(sequence, len(outs), type(out).__name__)
         out_names = [f"out[{i}]" for i in range(n)] if sequence else ["out"]  # as the generic path names them
         for name, t in zip(out_names, outs):
             if not (t is None and sequence) and not isinstance(t, torch.Tensor):

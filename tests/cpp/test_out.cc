@@ -109,5 +109,22 @@ TEST(CheckOutOfSeveralResults, OutsMayNotShareMemoryWithEachOther) {
                      "add_backward(): 'out[1]' shares memory with 'out[0]'"));
 }
 
+TEST(OutCount, OnePerResultInASequenceOneArrayForOneResult) {
+  check_out_count(find_op("add"), false, 1, "ndarray");
+  check_out_count(find_op("add"), true, 1, "tuple");
+  check_out_count(find_op("add_backward"), true, 2, "list");
+  EXPECT_TRUE(throws([] { check_out_count(find_op("add"), true, 2, "list"); }, ErrorKind::type,
+                     "add(): 'out' must hold 1 array (one per result), got a list of 2"));
+  EXPECT_TRUE(throws([] { check_out_count(find_op("add_backward"), false, 1, "Tensor"); }, ErrorKind::type,
+                     "add_backward(): 'out' must be a tuple of 2 arrays (one per result), got Tensor"));
+  EXPECT_EQ(out_name(0, 1), "out");
+  EXPECT_EQ(out_name(1, 3), "out[1]");
+}
+
+TEST(OutNeedsGrad, NamesTheTensorAndTheWayOut) {
+  EXPECT_TRUE(throws([] { fail_out_needs_grad(find_op("relu"), "out"); }, ErrorKind::type,
+                     "relu(): 'out' is a torch tensor that requires grad, and out= does not support autograd"));
+}
+
 }  // namespace
 }  // namespace opforge
