@@ -13,16 +13,16 @@ namespace {
 
 // Operand strides against the result's shape, by magnitude; 0 where they decide nothing
 // (broadcast dimensions and the result's size-1 dimensions, whose strides are arbitrary).
-std::vector<int64_t> deciding_strides(const TensorView& t, const std::vector<int64_t>& shape) {
-  std::vector<int64_t> s = broadcast_strides(t, shape);
+Dims deciding_strides(const TensorView& t, const Dims& shape) {
+  Dims s = broadcast_strides(t, shape);
   for (size_t d = 0; d < s.size(); ++d) s[d] = shape[d] == 1 ? 0 : std::llabs(s[d]);
   return s;
 }
 
 }  // namespace
 
-std::vector<int64_t> elementwise_result_strides(std::span<const TensorView* const> operands,
-                                                const std::vector<int64_t>& shape) {
+Dims elementwise_result_strides(std::span<const TensorView* const> operands,
+                                                const Dims& shape) {
   const size_t n = shape.size();
   int64_t numel = 1;
   for (int64_t s : shape) numel *= s;
@@ -32,7 +32,7 @@ std::vector<int64_t> elementwise_result_strides(std::span<const TensorView* cons
   if (n < 2 || numel == 0 || row_major) return contiguous_strides(shape);
   for (const TensorView* t : operands)
     if (t && t->shape.size() > n) return contiguous_strides(shape);  // not this result's operand
-  std::vector<std::vector<int64_t>> strides;
+  std::vector<Dims> strides;
   for (const TensorView* t : operands)
     if (t) strides.push_back(deciding_strides(*t, shape));
   // Whether dimension `inner` (placed inside `outer` so far) belongs outside it: 1 yes, -1 no,
@@ -65,7 +65,7 @@ std::vector<int64_t> elementwise_result_strides(std::span<const TensorView* cons
       }
     }
   }
-  std::vector<int64_t> out(n);
+  Dims out(n);
   int64_t step = 1;
   for (size_t d : order) {
     out[d] = step;
@@ -75,8 +75,8 @@ std::vector<int64_t> elementwise_result_strides(std::span<const TensorView* cons
 }
 
 void reorder_to_result_layout(const OpDef& op, OpInputs& inputs, std::vector<TensorView>& outputs) {
-  const std::vector<int64_t> shape = outputs.front().shape;
-  const std::vector<int64_t> result_strides = outputs.front().strides;
+  const Dims shape = outputs.front().shape;
+  const Dims result_strides = outputs.front().strides;
   const size_t n = shape.size();
   // Memory order of the results, outermost first; stable, so size-1 dimensions (which tie
   // with a neighbour) keep their place.
@@ -84,7 +84,7 @@ void reorder_to_result_layout(const OpDef& op, OpInputs& inputs, std::vector<Ten
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return result_strides[a] > result_strides[b]; });
-  auto permuted = [&](const std::vector<int64_t>& sizes, const std::vector<int64_t>& steps, TensorView& t) {
+  auto permuted = [&](const Dims& sizes, const Dims& steps, TensorView& t) {
     t.shape.resize(n);
     t.strides.resize(n);
     for (size_t i = 0; i < n; ++i) {
@@ -94,15 +94,15 @@ void reorder_to_result_layout(const OpDef& op, OpInputs& inputs, std::vector<Ten
   };
   for (TensorView& out : outputs) {
     OPFORGE_CHECK(out.shape == shape, op.name(), ": elementwise results of different shapes");
-    const std::vector<int64_t> steps = out.strides;
+    const Dims steps = out.strides;
     permuted(shape, steps, out);
     OPFORGE_CHECK(out.is_contiguous(), op.name(), ": a result is neither row-major nor a reordering of it");
   }
   for (const std::string& arg : op.elementwise_args()) {
     auto& t = inputs.tensors[op.tensor_slot(arg)];
     if (!t) continue;
-    const std::vector<int64_t> steps = broadcast_strides(*t, shape);
-    std::vector<int64_t> sizes = shape;
+    const Dims steps = broadcast_strides(*t, shape);
+    Dims sizes = shape;
     const size_t lead = n - t->shape.size();
     for (size_t d = 0; d < n; ++d)
       if (d < lead || t->shape[d - lead] == 1) sizes[d] = 1;

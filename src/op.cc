@@ -167,15 +167,15 @@ const std::string& ArgAccess::attr_str(std::string_view name) const {
   return std::get<std::string>(attr(name));
 }
 
-void ShapeContext::expect_shape(std::string_view arg, const std::vector<int64_t>& expected) const {
+void ShapeContext::expect_shape(std::string_view arg, const Dims& expected) const {
   const auto& got = tensor(arg).shape;
   if (got != expected) fail(ErrorKind::value, "'", arg, "' must have shape ", expected, ", got ", got);
 }
 
-std::vector<int64_t> ShapeContext::broadcast(std::string_view a, std::string_view b) const {
+Dims ShapeContext::broadcast(std::string_view a, std::string_view b) const {
   const auto& sa = tensor(a).shape;
   const auto& sb = tensor(b).shape;
-  std::vector<int64_t> out(std::max(sa.size(), sb.size()));
+  Dims out(std::max(sa.size(), sb.size()));
   for (size_t i = 0; i < out.size(); ++i) {
     int64_t da = i < sa.size() ? sa[sa.size() - 1 - i] : 1;
     int64_t db = i < sb.size() ? sb[sb.size() - 1 - i] : 1;

@@ -75,8 +75,8 @@ bool TensorView::is_contiguous() const {
   return true;
 }
 
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> strides(shape.size());
+Dims contiguous_strides(const Dims& shape) {
+  Dims strides(shape.size());
   int64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = s;
@@ -85,8 +85,8 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
   return strides;
 }
 
-std::vector<int64_t> broadcast_strides(const TensorView& t, const std::vector<int64_t>& shape) {
-  std::vector<int64_t> out(shape.size(), 0);
+Dims broadcast_strides(const TensorView& t, const Dims& shape) {
+  Dims out(shape.size(), 0);
   const size_t lead = shape.size() - t.shape.size();
   for (size_t i = 0; i < t.shape.size(); ++i) out[lead + i] = t.shape[i] == 1 ? 0 : t.strides[i];
   return out;
@@ -119,7 +119,7 @@ TensorView from_dlpack(const DLTensor& t) {
   }
   view.data = static_cast<char*>(t.data) + t.byte_offset;
   view.shape.assign(t.shape, t.shape + t.ndim);
-  view.strides = t.strides ? std::vector<int64_t>(t.strides, t.strides + t.ndim)
+  view.strides = t.strides ? Dims(t.strides, t.strides + t.ndim)
                            : contiguous_strides(view.shape);
   return view;
 }
@@ -127,7 +127,7 @@ TensorView from_dlpack(const DLTensor& t) {
 namespace {
 struct DLPackHolder {
   DLManagedTensor managed;
-  std::vector<int64_t> shape, strides;
+  Dims shape, strides;
   void* owner;
   void (*release)(void*);
 };

@@ -91,8 +91,8 @@ void Allocation::fence(void* stream) const {
   o->fence = o->backend->fence(o->device, stream);
 }
 
-Allocation allocate(Backend& backend, DType dtype, const std::vector<int64_t>& shape,
-                    const std::vector<int64_t>& strides, Device device, void* stream) {
+Allocation allocate(Backend& backend, DType dtype, const Dims& shape,
+                    const Dims& strides, Device device, void* stream) {
   TensorView view;
   view.dtype = dtype;
   view.device = device;

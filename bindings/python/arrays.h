@@ -52,8 +52,8 @@ struct Allocation {
   // capsule goes, only once the work queued on `stream` by then has finished.
   void fence(void* stream) const;
 };
-Allocation allocate(Backend& backend, DType dtype, const std::vector<int64_t>& shape,
-                    const std::vector<int64_t>& strides, Device device, void* stream);
+Allocation allocate(Backend& backend, DType dtype, const Dims& shape,
+                    const Dims& strides, Device device, void* stream);
 
 // Wraps an allocation as an array of `framework` (no copy).
 nb::object wrap(const Allocation& result, Framework framework);

@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "arrays.h"
+#include "dims_caster.h"
 #include "numpy_arrays.h"
 #include "out_arrays.h"
 #include "opforge/out.h"
@@ -216,7 +217,7 @@ namespace {
 // `result`: the result this one is to hold (an out), named in a dtype error.
 TensorView view_from_meta(const OpDef& op, const std::string& name, nb::handle meta, const OutputSpec* result = nullptr) {
   TensorView view;
-  view.shape = nb::cast<std::vector<int64_t>>(meta[0]);
+  view.shape = nb::cast<Dims>(meta[0]);
   const std::string dtype = nb::cast<std::string>(meta[1]);
   try {
     view.dtype = dtype_from_name(dtype);
@@ -226,7 +227,7 @@ TensorView view_from_meta(const OpDef& op, const std::string& name, nb::handle m
     fail_unsupported_dtype(op, name, dtype);
   }
   // Strides default to row-major.
-  view.strides = nb::len(meta) > 3 && !meta[3].is_none() ? nb::cast<std::vector<int64_t>>(meta[3])
+  view.strides = nb::len(meta) > 3 && !meta[3].is_none() ? nb::cast<Dims>(meta[3])
                                                           : contiguous_strides(view.shape);
   if (view.strides.size() != view.shape.size())
     fail(ErrorKind::value, op.name(), "(): '", name, "' has ", view.shape.size(), " sizes but ", view.strides.size(),
@@ -278,8 +279,8 @@ nb::list infer_call(const OpDef& op, const nb::sequence& tensors, const nb::dict
   }
   nb::list list;
   for (const OutputSpec& o : results)
-    list.append(nb::make_tuple(nb::tuple(nb::cast(o.shape)), std::string(dtype_name(o.dtype)),
-                               nb::tuple(nb::cast(o.strides))));
+    list.append(nb::make_tuple(nb::cast(o.shape), std::string(dtype_name(o.dtype)),
+                               nb::cast(o.strides)));
   return list;
 }
 

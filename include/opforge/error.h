@@ -4,10 +4,13 @@
 
 #include <cstdint>
 #include <exception>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "opforge/dims.h"
 
 namespace opforge {
 
@@ -30,10 +33,14 @@ class Error : public std::exception {
 };
 
 namespace detail {
-inline void append(std::ostringstream& out, const std::vector<int64_t>& shape) {
+inline void append(std::ostringstream& out, std::span<const int64_t> shape) {
   out << '[';
   for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
   out << ']';
+}
+inline void append(std::ostringstream& out, const Dims& shape) { append(out, std::span<const int64_t>(shape)); }
+inline void append(std::ostringstream& out, const std::vector<int64_t>& shape) {
+  append(out, std::span<const int64_t>(shape));
 }
 template <typename T>
 void append(std::ostringstream& out, const T& value) {
@@ -41,7 +48,7 @@ void append(std::ostringstream& out, const T& value) {
 }
 }  // namespace detail
 
-// Concatenates its arguments; shapes (std::vector<int64_t>) print as "[2, 3]".
+// Concatenates its arguments; shapes (Dims, std::vector<int64_t>) print as "[2, 3]".
 template <typename... Args>
 std::string str(const Args&... args) {
   std::ostringstream out;

@@ -44,8 +44,8 @@ struct OpInputs {
 // elementwise), and shape rules leave it empty.
 struct OutputSpec {
   DType dtype;
-  std::vector<int64_t> shape;
-  std::vector<int64_t> strides = {};
+  Dims shape;
+  Dims strides = {};
 };
 using Outputs = std::vector<OutputSpec>;
 
@@ -88,9 +88,9 @@ class ArgAccess {
 class ShapeContext : public ArgAccess {
  public:
   using ArgAccess::ArgAccess;
-  void expect_shape(std::string_view arg, const std::vector<int64_t>& expected) const;
+  void expect_shape(std::string_view arg, const Dims& expected) const;
   // NumPy broadcasting of two tensor arguments' shapes; ValueError when incompatible.
-  std::vector<int64_t> broadcast(std::string_view a, std::string_view b) const;
+  Dims broadcast(std::string_view a, std::string_view b) const;
   // A result with the dtype and shape of tensor argument `arg`.
   OutputSpec like(std::string_view arg) const;
 };
@@ -194,7 +194,7 @@ class OpDef {
   std::string doc_;
   ShapeRule shape_rule_;
   std::vector<TensorConstraint> constraints_;  // one per tensor slot
-  std::vector<int64_t> slot_of_arg_;           // schema arg -> tensor or attr slot
+  std::vector<int64_t> slot_of_arg_;  // schema arg -> tensor or attr slot
   int64_t dispatch_slot_ = 0;
   std::string backward_op_;
   std::vector<std::string> differentiable_;

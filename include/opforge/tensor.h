@@ -6,9 +6,9 @@
 
 #include <cstdint>
 #include <optional>
-#include <vector>
 
 #include "opforge/device.h"
+#include "opforge/dims.h"
 #include "opforge/dtype.h"
 
 namespace opforge {
@@ -17,8 +17,8 @@ struct TensorView {
   void* data = nullptr;
   DType dtype = DType::float32;
   Device device;
-  std::vector<int64_t> shape;
-  std::vector<int64_t> strides;  // elements; same length as shape
+  Dims shape;
+  Dims strides;  // elements; same length as shape
 
   int64_t rank() const { return static_cast<int64_t>(shape.size()); }
   int64_t numel() const;
@@ -35,11 +35,11 @@ struct TensorView {
 };
 
 // Row-major strides for `shape`.
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape);
+Dims contiguous_strides(const Dims& shape);
 
 // Strides of `t` broadcast against `shape` (aligned right, NumPy rules): 0 where t has size 1
 // or lacks the dimension. Kernels of broadcasting ops walk their inputs with these.
-std::vector<int64_t> broadcast_strides(const TensorView& t, const std::vector<int64_t>& shape);
+Dims broadcast_strides(const TensorView& t, const Dims& shape);
 
 // A view of a DLPack tensor (no copy). Throws Error(type) for dtypes or devices opforge
 // does not know; the byte offset is folded into the data pointer.

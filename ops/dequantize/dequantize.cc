@@ -20,7 +20,7 @@ OPFORGE_OP(dequantize) {
         if (n % bytes != 0)
           c.fail(opforge::ErrorKind::value, "'q' last dimension must be a multiple of ", bytes,
                  " (bytes per ", quant::format_name(format), " block), got ", n);
-        std::vector<int64_t> shape = q.shape;
+        opforge::Dims shape = q.shape;
         shape.back() = n / bytes * quant::kBlock;
         return opforge::Outputs{{DType::float32, shape}};
       });

@@ -179,8 +179,8 @@ __global__ void combine_kernel(T* gw, T* gb, const cuda::Acc<T>* partial_w, cons
 }
 
 cuda::Indexer rows_of(const TensorView& t) {
-  std::vector<int64_t> outer(t.shape.begin(), t.shape.end() - 1);
-  std::vector<int64_t> outer_strides(t.strides.begin(), t.strides.end() - 1);
+  Dims outer(t.shape.begin(), t.shape.end() - 1);
+  Dims outer_strides(t.strides.begin(), t.strides.end() - 1);
   return cuda::make_indexer("layer_norm_backward", outer, outer_strides);
 }
 

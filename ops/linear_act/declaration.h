@@ -24,7 +24,7 @@ inline OpDef forward_operands(std::string_view schema) {
 }
 
 // Checks act, weight [n, k] against x [..., k] and bias [n]; returns x.shape[:-1] + [n].
-inline std::vector<int64_t> checked_result_shape(const ShapeContext& c) {
+inline Dims checked_result_shape(const ShapeContext& c) {
   const std::string& act = c.attr_str("act");
   if (act != "none" && act != "relu" && act != "gelu" && act != "gelu_tanh" && act != "silu")
     c.fail(ErrorKind::value, "'act' must be one of 'none', 'relu', 'gelu', 'gelu_tanh', 'silu', got '", act, "'");
@@ -34,7 +34,7 @@ inline std::vector<int64_t> checked_result_shape(const ShapeContext& c) {
     c.fail(ErrorKind::value, "'weight' must have shape [n, ", x.size(-1), "] (k = x.shape[-1] = ", x.size(-1),
            "), got ", w.shape);
   if (c.optional_tensor("bias")) c.expect_shape("bias", {w.size(0)});
-  std::vector<int64_t> shape = x.shape;
+  Dims shape = x.shape;
   shape.back() = w.size(0);
   return shape;
 }

@@ -145,8 +145,8 @@ void forward_as(const KernelCall& call, const char* op, bool save_preact) {
   const TensorView* bias = call.optional_tensor("bias");
   const TensorView& out = call.output(0);
   const int64_t k = x.size(-1), n = w.size(0), m = out.numel() / n;
-  const std::vector<int64_t> lead(x.shape.begin(), x.shape.end() - 1);
-  const std::vector<int64_t> lead_strides(x.strides.begin(), x.strides.end() - 1);
+  const Dims lead(x.shape.begin(), x.shape.end() - 1);
+  const Dims lead_strides(x.strides.begin(), x.strides.end() - 1);
   const Mat<T> a{x.data_as<const T>(), cuda::make_indexer(op, lead, lead_strides),
                  cuda::make_indexer(op, {k}, {x.stride(-1)})};
   const Mat<T> b = matrix(op, w.data_as<const T>(), n, w.stride(0), k, w.stride(1));

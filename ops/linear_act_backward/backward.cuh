@@ -104,7 +104,7 @@ void backward_as(const KernelCall& call) {
   const TensorView* preact = call.optional_tensor("preact");
   const int64_t k = x.size(-1), n = w.size(0), m = grad.numel() / (n ? n : 1);
   cudaStream_t stream = cuda::stream_of(call);
-  const std::vector<int64_t> lead(x.shape.begin(), x.shape.end() - 1);
+  const Dims lead(x.shape.begin(), x.shape.end() - 1);
   const cuda::Indexer x_rows = cuda::make_indexer(op, lead, {x.strides.begin(), x.strides.end() - 1});
   const cuda::Indexer g_rows = cuda::make_indexer(op, lead, {grad.strides.begin(), grad.strides.end() - 1});
   for (int i = 0; i < 3; ++i) {  // empty sums (no rows, or n == 0) are zeros

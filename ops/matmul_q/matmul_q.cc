@@ -31,7 +31,7 @@ OPFORGE_OP(matmul_q) {
           c.fail(opforge::ErrorKind::value, "'w' must have shape [n, ", row_bytes, "] (k / 32 * ",
                  quant::block_bytes(format), " bytes per row for format '", quant::format_name(format),
                  "' and k = ", k, "), got ", w.shape);
-        std::vector<int64_t> shape = x.shape;
+        opforge::Dims shape = x.shape;
         shape.back() = w.size(0);
         return opforge::Outputs{{x.dtype, shape}};
       });

@@ -18,7 +18,7 @@ OPFORGE_OP(quantize_q8_0) {
         const int64_t k = x.size(-1);
         if (k % opforge::quant::kBlock != 0)
           c.fail(opforge::ErrorKind::value, "'x' last dimension must be a multiple of 32, got ", k);
-        std::vector<int64_t> shape = x.shape;
+        opforge::Dims shape = x.shape;
         shape.back() = k / opforge::quant::kBlock * opforge::quant::block_bytes(opforge::quant::Format::q8_0);
         return opforge::Outputs{{DType::uint8, shape}};
       });

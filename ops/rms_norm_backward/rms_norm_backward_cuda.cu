@@ -121,8 +121,8 @@ __global__ void combine_kernel(T* gw, const cuda::Acc<T>* partial, int64_t n, in
 }
 
 cuda::Indexer rows_of(const TensorView& t) {
-  std::vector<int64_t> outer(t.shape.begin(), t.shape.end() - 1);
-  std::vector<int64_t> outer_strides(t.strides.begin(), t.strides.end() - 1);
+  Dims outer(t.shape.begin(), t.shape.end() - 1);
+  Dims outer_strides(t.strides.begin(), t.strides.end() - 1);
   return cuda::make_indexer("rms_norm_backward", outer, outer_strides);
 }
 

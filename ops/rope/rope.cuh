@@ -125,8 +125,8 @@ inline void rotate(const KernelCall& call, const char* op, const TensorView& x, 
   const TensorView& cos = call.tensor("cos");
   const TensorView& sin = call.tensor("sin");
   const TensorView& out = call.output();
-  std::vector<int64_t> rows_shape(x.shape.begin(), x.shape.end() - 1);
-  std::vector<int64_t> rows_strides(x.strides.begin(), x.strides.end() - 1);
+  Dims rows_shape(x.shape.begin(), x.shape.end() - 1);
+  Dims rows_strides(x.strides.begin(), x.strides.end() - 1);
   const auto rows = cuda::make_indexer(op, rows_shape, rows_strides);
   const int64_t half = x.size(-1) / 2, pairs = x.numel() / 2;
   cuda::visit(x.dtype, op, [&](auto tag) {

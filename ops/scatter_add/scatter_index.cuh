@@ -128,8 +128,8 @@ struct SliceIndexers {
 
 inline SliceIndexers slice_indexers(const char* op, const TensorView& t, int64_t dim) {
   SliceIndexers s;
-  std::vector<int64_t> os(t.shape.begin(), t.shape.begin() + dim), ost(t.strides.begin(), t.strides.begin() + dim);
-  std::vector<int64_t> is(t.shape.begin() + dim + 1, t.shape.end()), ist(t.strides.begin() + dim + 1, t.strides.end());
+  Dims os(t.shape.begin(), t.shape.begin() + dim), ost(t.strides.begin(), t.strides.begin() + dim);
+  Dims is(t.shape.begin() + dim + 1, t.shape.end()), ist(t.strides.begin() + dim + 1, t.strides.end());
   s.outer = cuda::make_indexer(op, os, ost);
   s.inner = cuda::make_indexer(op, is, ist);
   for (int64_t e : os) s.outer_size *= e;

@@ -26,7 +26,7 @@ inline int64_t checked_dim(const ArgAccess& c, std::string_view tensor) {
 // holds `inner` elements, adjacent when inner_contiguous.
 struct Slices {
   int64_t outer = 1, n = 0, inner = 1, step = 0;
-  std::vector<int64_t> outer_shape, outer_strides;
+  Dims outer_shape, outer_strides;
   bool inner_contiguous = true;
 
   int64_t base(int64_t o) const {

@@ -57,8 +57,8 @@ void run(const KernelCall& call) {
   const int64_t n = x.size(-1);
   if (n == 0) return;
   const int64_t rows = x.numel() / n;
-  std::vector<int64_t> outer(x.shape.begin(), x.shape.end() - 1);
-  std::vector<int64_t> outer_strides(x.strides.begin(), x.strides.end() - 1);
+  Dims outer(x.shape.begin(), x.shape.end() - 1);
+  Dims outer_strides(x.strides.begin(), x.strides.end() - 1);
   const auto rows_ix = cuda::make_indexer("softmax", outer, outer_strides);
   cuda::visit(x.dtype, "softmax", [&](auto tag) {
     using T = decltype(tag);

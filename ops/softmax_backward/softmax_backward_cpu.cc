@@ -53,7 +53,7 @@ void Run(const KernelCall& call) {
     const auto g_strides = broadcast_strides(grad, out.shape), y_strides = broadcast_strides(result, out.shape);
     T* dst = out.data_as<T>();
     const bool stream = StreamsOutput<T>(rows * n);
-    const auto source = [&](const TensorView& t, const std::vector<int64_t>& strides) {
+    const auto source = [&](const TensorView& t, const Dims& strides) {
       return RowSource<T>(t.data_as<const T>(), out.shape, strides, n);
     };
     const int64_t panel = std::max(source(grad, g_strides).panel_rows(), source(result, y_strides).panel_rows());

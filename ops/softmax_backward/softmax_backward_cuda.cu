@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(cuda::kMaxRowThreads) cached_kernel(T* out, co
 }
 
 // The leading dimensions of t's strides broadcast to the output's shape.
-cuda::Indexer rows_of(const TensorView& t, const std::vector<int64_t>& shape) {
+cuda::Indexer rows_of(const TensorView& t, const Dims& shape) {
   const auto strides = broadcast_strides(t, shape);
   return cuda::make_indexer("softmax_backward", {shape.begin(), shape.end() - 1}, {strides.begin(), strides.end() - 1});
 }

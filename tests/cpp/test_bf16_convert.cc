@@ -66,7 +66,7 @@ class Bf16Convert : public testing::OnEachTargetOneThread {
 void expect_products_round(int64_t rows, int64_t width, int64_t pitch, uint32_t seed) {
   const int64_t span = rows * pitch;
   std::vector<bfloat16> a = factors(span, seed, false), b = factors(span, seed + 1, true);
-  const std::vector<int64_t> shape{rows, width}, strides{pitch, 1};
+  const Dims shape{rows, width}, strides{pitch, 1};
   OpInputs in;
   in.tensors = {view(a, DType::bfloat16, shape, strides), view(b, DType::bfloat16, shape, strides)};
   const std::vector<bfloat16> got = run_op("mul", in).as<bfloat16>();

@@ -22,9 +22,9 @@ TEST(CudaIndexer, MergedOffsetsEqualTheNaiveOnes) {
   int checked = 0, refused = 0;
   for (int trial = 0; trial < 3000; ++trial) {
     const size_t rank = rng() % 13;
-    std::vector<int64_t> shape(rank);
+    Dims shape(rank);
     for (auto& s : shape) s = rng() % 3 == 0 ? 1 : 1 + rng() % 4;
-    const std::vector<int64_t> strides = random_strides(shape, rng);
+    const Dims strides = random_strides(shape, rng);
     const int64_t n = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
     cuda::Indexer ix;
     try {
@@ -50,8 +50,8 @@ TEST(CudaIndexer, MergedOffsetsEqualTheNaiveOnes) {
 }
 
 TEST(CudaIndexer, ContiguousTensorsOfAnyRankMergeToOneDimension) {
-  const std::vector<int64_t> shape{2, 1, 3, 2, 2, 1, 2, 3, 2, 2, 1, 2};
-  std::vector<int64_t> strides(shape.size());
+  const Dims shape{2, 1, 3, 2, 2, 1, 2, 3, 2, 2, 1, 2};
+  Dims strides(shape.size());
   int64_t step = 1;
   for (size_t d = shape.size(); d-- > 0;) {
     strides[d] = step;
@@ -64,7 +64,7 @@ TEST(CudaIndexer, ContiguousTensorsOfAnyRankMergeToOneDimension) {
 
 TEST(CudaIndexer, LargeShapesUnravelIn64Bits) {
   // [3, 2^30] broadcast along the rows: 3 * 2^30 elements, past 32-bit indices.
-  const std::vector<int64_t> shape{3, int64_t{1} << 30}, strides{0, 1};
+  const Dims shape{3, int64_t{1} << 30}, strides{0, 1};
   const cuda::Indexer ix = cuda::make_indexer("test", shape, strides);
   EXPECT_FALSE(ix.narrow);
   for (int64_t i : {int64_t{0}, (int64_t{1} << 30) - 1, int64_t{1} << 30, (int64_t{3} << 30) - 1, int64_t{5} << 29})

@@ -13,7 +13,7 @@ namespace {
 
 alignas(16) char storage[64];  // never dereferenced: only the address's alignment matters
 
-TensorView view(std::vector<int64_t> shape, DType dtype = DType::float32, int64_t byte_offset = 0) {
+TensorView view(Dims shape, DType dtype = DType::float32, int64_t byte_offset = 0) {
   TensorView t;
   t.data = storage + byte_offset;
   t.dtype = dtype;

@@ -20,7 +20,7 @@ namespace {
 using testing::naive_offset;
 using testing::random_strides;
 
-int64_t product(const std::vector<int64_t>& v) {
+int64_t product(const Dims& v) {
   return std::accumulate(v.begin(), v.end(), int64_t{1}, std::multiplies<>());
 }
 
@@ -29,14 +29,14 @@ TEST(CudaSumPlan, EveryGradElementGoesToItsOutputOnce) {
   int checked = 0;
   for (int trial = 0; trial < 2000; ++trial) {
     const size_t rank = rng() % 7;
-    std::vector<int64_t> grad_shape(rank);
+    Dims grad_shape(rank);
     for (auto& s : grad_shape) s = rng() % 4 == 0 ? 1 : 1 + rng() % 4;
     // out: a suffix of grad's shape (fewer leading dims) with some dimensions broadcast (1).
     const size_t out_rank = rank - (rank ? rng() % (rank + 1) : 0);
-    std::vector<int64_t> out_shape(grad_shape.end() - static_cast<ptrdiff_t>(out_rank), grad_shape.end());
+    Dims out_shape(grad_shape.end() - static_cast<ptrdiff_t>(out_rank), grad_shape.end());
     for (auto& s : out_shape)
       if (rng() % 3 == 0) s = 1;
-    const std::vector<int64_t> strides = random_strides(grad_shape, rng);
+    const Dims strides = random_strides(grad_shape, rng);
     const cuda::SumSplit split = cuda::split_for_sum(grad_shape, out_shape, {strides});
     const int64_t m = product(out_shape), r = product(grad_shape) / std::max<int64_t>(m, 1);
     ASSERT_EQ(product(split.kept), m);

@@ -200,8 +200,8 @@ TEST_F(Dispatch, RunKernelSkipsOnlyWhenEveryOutputIsEmpty) {
   OpInputs in{{view(a, DType::float32, {0}), view(b, DType::float32, {2, 2})}, {}};
   Outputs specs = infer_outputs(op, in);
   ASSERT_EQ(specs.size(), 2u);
-  EXPECT_EQ(specs[0].shape, std::vector<int64_t>{0});
-  EXPECT_EQ(specs[1].shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(specs[0].shape, Dims{0});
+  EXPECT_EQ(specs[1].shape, (Dims{2, 2}));
   const Selection s = select_kernel(op, in);
 
   pair_calls = 0;

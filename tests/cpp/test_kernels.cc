@@ -83,13 +83,13 @@ TEST_P(Kernels, AddOneHalfTypesRoundLikeTheScalarPath) {
 
 // add over `xs` x `ys` shapes; checks every element against x[i'] + y[j'] by index math.
 template <typename T>
-void check_add(DType dtype, std::vector<int64_t> xs, std::vector<int64_t> ys, uint32_t seed) {
+void check_add(DType dtype, Dims xs, Dims ys, uint32_t seed) {
   SCOPED_TRACE(::testing::PrintToString(xs) + " + " + ::testing::PrintToString(ys));
   // Both are rank 2 here (size 1 broadcasts), which keeps the reference indexing plain.
   std::vector<T> x = random_values<T>(xs[0] * xs[1], seed), y = random_values<T>(ys[0] * ys[1], seed + 1);
   testing::Result r = run_op("add", {{view(x, dtype, xs), view(y, dtype, ys)}, {}});
   const int64_t rows = std::max(xs[0], ys[0]), cols = std::max(xs[1], ys[1]);
-  ASSERT_EQ(r.specs[0].shape, (std::vector<int64_t>{rows, cols}));
+  ASSERT_EQ(r.specs[0].shape, (Dims{rows, cols}));
   std::vector<T> out = r.as<T>();
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) {

@@ -16,7 +16,7 @@ namespace opforge {
 namespace {
 
 using testing::view;
-using V = std::vector<int64_t>;
+using V = Dims;
 
 V strides_for(const std::vector<TensorView>& operands, const V& shape) {
   std::vector<const TensorView*> p;

@@ -17,7 +17,7 @@ namespace {
 
 using testing::throws;
 using testing::view;
-using V = std::vector<int64_t>;
+using V = Dims;
 using Outs = std::vector<std::optional<TensorView>>;
 
 TEST(OutVariant, OneOutPerResultAfterTheOpsArguments) {

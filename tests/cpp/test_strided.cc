@@ -21,12 +21,12 @@ using testing::naive_offset;
 using testing::view;
 
 
-int64_t numel(const std::vector<int64_t>& shape) {
+int64_t numel(const Dims& shape) {
   return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
 }
 
 TEST(Strided, BroadcastStridesExamples) {
-  using V = std::vector<int64_t>;
+  using V = Dims;
   EXPECT_EQ(broadcast_strides(view(nullptr, DType::float32, {3, 1}, {1, 1}), {2, 3, 4}), (V{0, 1, 0}));
   EXPECT_EQ(broadcast_strides(view(nullptr, DType::float32, {4}), {2, 3, 4}), (V{0, 0, 1}));
   EXPECT_EQ(broadcast_strides(view(nullptr, DType::float32, {}), {2, 3}), (V{0, 0}));
@@ -36,7 +36,7 @@ TEST(Strided, BroadcastStridesExamples) {
 TEST(Strided, OffsetOf) {
   std::mt19937 rng(5);
   for (int trial = 0; trial < 200; ++trial) {
-    std::vector<int64_t> shape, strides;
+    Dims shape, strides;
     const int rank = std::uniform_int_distribution<int>(1, 4)(rng);
     for (int d = 0; d < rank; ++d) {
       shape.push_back(std::uniform_int_distribution<int64_t>(1, 5)(rng));
@@ -50,8 +50,8 @@ TEST(Strided, OffsetOf) {
 // One random elementwise-op layout: a contiguous output, a broadcast operand and a
 // permuted (non-contiguous) operand, all over `shape`.
 struct Layout {
-  std::vector<int64_t> shape;
-  std::array<std::vector<int64_t>, 3> strides;
+  Dims shape;
+  std::array<Dims, 3> strides;
 };
 
 Layout random_layout(std::mt19937& rng) {
@@ -65,7 +65,7 @@ Layout random_layout(std::mt19937& rng) {
   l.strides[0] = contiguous_strides(l.shape);
 
   // Broadcast operand: drops some leading dimensions and has size 1 in random others.
-  std::vector<int64_t> bshape(l.shape.begin() + std::uniform_int_distribution<int>(0, rank)(rng), l.shape.end());
+  Dims bshape(l.shape.begin() + std::uniform_int_distribution<int>(0, rank)(rng), l.shape.end());
   for (auto& s : bshape)
     if (pick(rng) < 4) s = 1;
   TensorView b = view(nullptr, DType::float32, bshape);
@@ -75,7 +75,7 @@ Layout random_layout(std::mt19937& rng) {
   std::vector<int> perm(rank);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
-  std::vector<int64_t> pshape(rank);
+  Dims pshape(rank);
   for (int d = 0; d < rank; ++d) pshape[d] = l.shape[perm[d]];
   const auto pstrides = contiguous_strides(pshape);
   l.strides[2].resize(rank);
@@ -134,17 +134,17 @@ TEST(Strided, ForEachRowMatchesNaiveWalk) {
 TEST(Strided, TransposedOperandsWalkInTiles) {
   const int64_t saved = num_threads();
   set_num_threads(3);
-  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{37, 70}, std::vector<int64_t>{3, 33, 65},
-                                            std::vector<int64_t>{16, 32}, std::vector<int64_t>{2, 17, 5}}) {
+  for (const Dims& shape : {Dims{37, 70}, Dims{3, 33, 65},
+                                            Dims{16, 32}, Dims{2, 17, 5}}) {
     const int64_t rank = static_cast<int64_t>(shape.size());
     Layout l;
     l.shape = shape;
     l.strides[0] = contiguous_strides(shape);
-    std::vector<int64_t> row_shape(rank, 1);
+    Dims row_shape(rank, 1);
     row_shape.back() = shape.back();
     l.strides[1] = broadcast_strides(view(nullptr, DType::float32, row_shape), shape);
     // The last two dimensions swapped in memory: x.mT.
-    std::vector<int64_t> swapped = shape;
+    Dims swapped = shape;
     std::swap(swapped[rank - 1], swapped[rank - 2]);
     l.strides[2] = contiguous_strides(swapped);
     std::swap(l.strides[2][rank - 1], l.strides[2][rank - 2]);
@@ -164,10 +164,10 @@ TEST(Strided, TransposedOperandsWalkInTiles) {
 
 TEST(Strided, CoalescesContiguousIntoOneRow) {
   // Contiguous operands and a scalar broadcast collapse to a single row: the SIMD fast path.
-  std::vector<int64_t> shape{4, 5, 6};
+  Dims shape{4, 5, 6};
   const auto c = contiguous_strides(shape);
   std::vector<cpu::Row<2>> rows;
-  cpu::for_each_row<2>(shape, {c, std::vector<int64_t>{0, 0, 0}}, int64_t{1} << 20,
+  cpu::for_each_row<2>(shape, {c, Dims{0, 0, 0}}, int64_t{1} << 20,
                        [&](const cpu::Row<2>& r) { rows.push_back(r); });
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0].len, 120);
@@ -177,11 +177,11 @@ TEST(Strided, CoalescesContiguousIntoOneRow) {
 
 TEST(Strided, ZeroSizeAndScalarShapes) {
   int calls = 0;
-  cpu::for_each_row<2>({3, 0, 2}, {std::vector<int64_t>{0, 2, 1}, std::vector<int64_t>{5, 1, 9}}, 1,
+  cpu::for_each_row<2>({3, 0, 2}, {Dims{0, 2, 1}, Dims{5, 1, 9}}, 1,
                        [&](const cpu::Row<2>&) { ++calls; });
   EXPECT_EQ(calls, 0);  // nothing to visit
   std::vector<cpu::Row<2>> rows;
-  cpu::for_each_row<2>({}, {std::vector<int64_t>{}, std::vector<int64_t>{}}, 1,
+  cpu::for_each_row<2>({}, {Dims{}, Dims{}}, 1,
                        [&](const cpu::Row<2>& r) { rows.push_back(r); });
   ASSERT_EQ(rows.size(), 1u);  // a 0-d tensor is one element
   EXPECT_EQ(rows[0].len, 1);

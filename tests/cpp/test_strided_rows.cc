@@ -59,7 +59,7 @@ T from_double(double v) {
 }
 
 template <typename T>
-void expect_strided_equals_contiguous(const std::string& op, int inputs, int64_t n, std::vector<int64_t> strides,
+void expect_strided_equals_contiguous(const std::string& op, int inputs, int64_t n, Dims strides,
                                       std::mt19937& rng) {
   constexpr DType dtype = testing::dtype_of<T>();
   std::vector<std::unique_ptr<PageEnd>> pages;
@@ -91,7 +91,7 @@ TEST_P(StridedRows, EqualContiguousCopiesAndStayInsideTheirRows) {
                                              {"add", 2},    {"mul", 2},   {"gelu_backward", 2}, {"relu_backward", 2}};
   for (const auto& [op, inputs] : ops)
     // Both operands of a binary op strided, or one strided beside a contiguous or broadcast one.
-    for (const std::vector<int64_t>& strides : std::vector<std::vector<int64_t>>{{2, 2}, {3, 3}, {-2, -2}, {2, 1},
+    for (const Dims& strides : std::vector<Dims>{{2, 2}, {3, 3}, {-2, -2}, {2, 1},
                                                                                   {1, 3}, {0, 2}, {-2, 0}})
       for (int64_t n = 1; n <= 40; ++n) {
         if (inputs == 1 && strides[0] != strides[1]) continue;

@@ -93,13 +93,13 @@ TEST(TensorView, Contiguity) {
 }
 
 TEST(TensorView, ContiguousStrides) {
-  EXPECT_EQ(contiguous_strides({}), std::vector<int64_t>{});
-  EXPECT_EQ(contiguous_strides({5}), std::vector<int64_t>{1});
-  EXPECT_EQ(contiguous_strides({2, 3, 4}), (std::vector<int64_t>{12, 4, 1}));
-  EXPECT_EQ(contiguous_strides({4, 1, 3}), (std::vector<int64_t>{3, 3, 1}));
+  EXPECT_EQ(contiguous_strides({}), Dims{});
+  EXPECT_EQ(contiguous_strides({5}), Dims{1});
+  EXPECT_EQ(contiguous_strides({2, 3, 4}), (Dims{12, 4, 1}));
+  EXPECT_EQ(contiguous_strides({4, 1, 3}), (Dims{3, 3, 1}));
 }
 
-DLTensor dl_tensor(void* data, DLDataType dtype, std::vector<int64_t>& shape, int64_t* strides) {
+DLTensor dl_tensor(void* data, DLDataType dtype, Dims& shape, int64_t* strides) {
   DLTensor t{};
   t.data = data;
   t.device = {kDLCPU, 0};
@@ -113,7 +113,7 @@ DLTensor dl_tensor(void* data, DLDataType dtype, std::vector<int64_t>& shape, in
 
 TEST(DLPack, FromDLPackFoldsByteOffsetAndFillsStrides) {
   std::vector<float> data(16);
-  std::vector<int64_t> shape{2, 3};
+  Dims shape{2, 3};
   DLTensor t = dl_tensor(data.data(), {kDLFloat, 32, 1}, shape, nullptr);
   t.byte_offset = 8;  // two floats in
   TensorView v = from_dlpack(t);
@@ -121,16 +121,16 @@ TEST(DLPack, FromDLPackFoldsByteOffsetAndFillsStrides) {
   EXPECT_EQ(v.dtype, DType::float32);
   EXPECT_EQ(v.device, (Device{DeviceType::cpu, 0}));
   EXPECT_EQ(v.shape, shape);
-  EXPECT_EQ(v.strides, (std::vector<int64_t>{3, 1}));  // null strides mean row-major
+  EXPECT_EQ(v.strides, (Dims{3, 1}));  // null strides mean row-major
 
-  std::vector<int64_t> strides{1, 2};
+  Dims strides{1, 2};
   t.strides = strides.data();
   EXPECT_EQ(from_dlpack(t).strides, strides);
 }
 
 TEST(DLPack, Devices) {
   float x = 0;
-  std::vector<int64_t> shape{1};
+  Dims shape{1};
   DLTensor t = dl_tensor(&x, {kDLFloat, 32, 1}, shape, nullptr);
   t.device = {kDLCUDA, 2};
   EXPECT_EQ(from_dlpack(t).device, (Device{DeviceType::cuda, 2}));
@@ -144,7 +144,7 @@ TEST(DLPack, Devices) {
 
 TEST(DLPack, UnsupportedDTypesAreTypeErrors) {
   float x = 0;
-  std::vector<int64_t> shape{1};
+  Dims shape{1};
   const DLDataType bad[] = {{kDLFloat, 8, 1}, {kDLFloat, 32, 4}, {kDLComplex, 64, 1},
                             {kDLUInt, 16, 1}, {kDLBfloat, 32, 1}};
   for (DLDataType d : bad) {

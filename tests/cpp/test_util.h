@@ -50,7 +50,7 @@ class OnEachTargetWithThreads : public ::testing::TestWithParam<std::string> {
 using OnEachTargetOneThread = OnEachTargetWithThreads<1>;
 
 // Offset of row-major linear index `linear` over `shape` for `strides`, by unravelling.
-inline int64_t naive_offset(int64_t linear, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+inline int64_t naive_offset(int64_t linear, const Dims& shape, const Dims& strides) {
   int64_t offset = 0;
   for (size_t d = shape.size(); d-- > 0;) {
     offset += (linear % shape[d]) * strides[d];
@@ -61,12 +61,12 @@ inline int64_t naive_offset(int64_t linear, const std::vector<int64_t>& shape, c
 
 // Strides of a random view of `shape`: a contiguous buffer of a larger shape, sliced with
 // steps, its dimensions permuted, some broadcast (stride 0).
-inline std::vector<int64_t> random_strides(const std::vector<int64_t>& shape, std::mt19937& rng) {
+inline Dims random_strides(const Dims& shape, std::mt19937& rng) {
   const size_t rank = shape.size();
   std::vector<size_t> order(rank);
   std::iota(order.begin(), order.end(), 0);
   if (rng() % 2) std::shuffle(order.begin(), order.end(), rng);
-  std::vector<int64_t> strides(rank);
+  Dims strides(rank);
   int64_t step = 1;
   for (size_t i = rank; i-- > 0;) {
     const size_t d = order[i];
@@ -141,8 +141,8 @@ class FakeGpu final : public Backend {
   return true;
 }();
 
-inline TensorView view(void* data, DType dtype, std::vector<int64_t> shape,
-                       std::vector<int64_t> strides = {}, Device device = {}) {
+inline TensorView view(void* data, DType dtype, Dims shape,
+                       Dims strides = {}, Device device = {}) {
   TensorView t;
   t.data = data;
   t.dtype = dtype;
@@ -153,8 +153,8 @@ inline TensorView view(void* data, DType dtype, std::vector<int64_t> shape,
 }
 
 template <typename T>
-TensorView view(std::vector<T>& storage, DType dtype, std::vector<int64_t> shape,
-                std::vector<int64_t> strides = {}) {
+TensorView view(std::vector<T>& storage, DType dtype, Dims shape,
+                Dims strides = {}) {
   return view(storage.data(), dtype, std::move(shape), std::move(strides));
 }
 

@@ -18,7 +18,7 @@ using testing::throws;
 // Storage big enough for every view below; the validator never reads the data.
 std::vector<double> storage(64, 1.0);
 
-TensorView t(DType dtype, std::vector<int64_t> shape, Device device = {}) {
+TensorView t(DType dtype, Dims shape, Device device = {}) {
   return testing::view(storage.data(), dtype, std::move(shape), {}, device);
 }
 
@@ -34,11 +34,11 @@ TEST(Validate, AcceptsAndInfersShapes) {
   Outputs o = infer_outputs(find_op("rms_norm"), rms(t(DType::float32, {3, 5}), t(DType::float32, {5})));
   ASSERT_EQ(o.size(), 1u);
   EXPECT_EQ(o[0].dtype, DType::float32);
-  EXPECT_EQ(o[0].shape, (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(o[0].shape, (Dims{3, 5}));
 
   o = infer_outputs(find_op("add_one"), {{t(DType::int64, {2, 0, 4})}, {}});
   EXPECT_EQ(o[0].dtype, DType::int64);
-  EXPECT_EQ(o[0].shape, (std::vector<int64_t>{2, 0, 4}));
+  EXPECT_EQ(o[0].shape, (Dims{2, 0, 4}));
 
   o = infer_outputs(find_op("rms_norm"), rms(t(DType::bfloat16, {5}), t(DType::bfloat16, {5}), 0.0));
   EXPECT_EQ(o[0].dtype, DType::bfloat16);
@@ -46,7 +46,7 @@ TEST(Validate, AcceptsAndInfersShapes) {
 
 TEST(Validate, AddBroadcasts) {
   struct Case {
-    std::vector<int64_t> x, y, out;
+    Dims x, y, out;
   };
   const Case cases[] = {
       {{2, 1, 3}, {4, 1}, {2, 4, 3}}, {{}, {3}, {3}},       {{3}, {}, {3}},
@@ -139,7 +139,7 @@ TEST(Validate, ArgAccess) {
   OpInputs in = rms(t(DType::float32, {2, 3}), t(DType::float32, {3}), 0.25);
   ArgAccess a(op, in);
   EXPECT_EQ(a.attr_float("eps"), 0.25);
-  EXPECT_EQ(a.tensor("weight").shape, (std::vector<int64_t>{3}));
+  EXPECT_EQ(a.tensor("weight").shape, (Dims{3}));
   EXPECT_TRUE(throws([&] { a.tensor("bias"); }, ErrorKind::runtime, "rms_norm(): no tensor argument 'bias'"));
   EXPECT_TRUE(throws([&] { a.attr_float("alpha"); }, ErrorKind::runtime, "rms_norm(): no attribute 'alpha'"));
   EXPECT_TRUE(throws([&] { a.attr_float("x"); }, ErrorKind::runtime, "no attribute 'x'"));

@@ -69,7 +69,7 @@ inline void from_double(unsigned char* p, DType dtype, double x) {
 // A tensor's host storage and how the op sees it (shape, strides, offset into the storage).
 struct HostTensor {
   DType dtype;
-  std::vector<int64_t> shape, strides;
+  Dims shape, strides;
   int64_t offset = 0;  // elements
   std::vector<unsigned char> bytes;
 
@@ -84,7 +84,7 @@ inline double normal(std::mt19937& rng) { return std::normal_distribution<double
 
 // Random values from `fill`, or normal ones without one (integers: normal x 1000, rounded, and one
 // in eight the type's extremes).
-inline HostTensor make(DType dtype, std::vector<int64_t> shape, Layout layout, std::mt19937& rng, const Fill& fill = {}) {
+inline HostTensor make(DType dtype, Dims shape, Layout layout, std::mt19937& rng, const Fill& fill = {}) {
   HostTensor t{dtype, shape, contiguous_strides(shape)};
   if (layout == Layout::strided) t.strides = testing::random_strides(shape, rng);
   if (layout == Layout::misaligned) t.offset = 1;
@@ -349,7 +349,7 @@ inline std::vector<DType> emulated_dtypes(const std::string& op) {
   return {};
 }
 
-inline std::string shape_text(const std::vector<int64_t>& s) { return ::testing::PrintToString(s); }
+inline std::string shape_text(const Dims& s) { return ::testing::PrintToString(s); }
 
 
 }  // namespace opforge::emulated

@@ -10,7 +10,7 @@
 namespace opforge::emulated {
 namespace {
 
-using Shape = std::vector<int64_t>;
+using Shape = Dims;
 
 const std::vector<Shape> kElementwise = {{0}, {1}, {7}, {3, 33}, {2, 3, 129}, {4100}};
 const std::vector<std::pair<Shape, Shape>> kBroadcast = {

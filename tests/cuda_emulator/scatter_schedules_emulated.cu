@@ -42,7 +42,7 @@ struct Case {
 template <typename T>
 struct Data {
   AlignedVector<T> src;
-  std::vector<int64_t> order, start;  // the sort's results: positions by bucket, each bucket's first
+  Dims order, start;  // the sort's results: positions by bucket, each bucket's first
 };
 
 template <typename T>
@@ -52,7 +52,7 @@ Data<T> random_data(const Case& c, unsigned seed) {
   Data<T> d;
   d.src.resize(c.outer * c.rows * c.n);
   for (T& v : d.src) v = static_cast<T>(u(gen));
-  std::vector<int64_t> index(c.rows);
+  Dims index(c.rows);
   // Bucket 1 stays empty where there are three or more.
   for (int64_t& v : index) v = c.buckets > 2 ? (gen() % (c.buckets - 1) + 2) % c.buckets : gen() % c.buckets;
   for (int64_t b = 0; b < c.buckets; ++b) {

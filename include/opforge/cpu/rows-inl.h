@@ -79,7 +79,7 @@ HWY_INLINE void StreamFence(bool stream) {
 // as a contiguous pointer: gathered into buf when its elements are not adjacent, so the SIMD
 // loops stay simple.
 template <typename T>
-const T* RowOf(const T* base, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides, int64_t r,
+const T* RowOf(const T* base, const Dims& shape, const Dims& strides, int64_t r,
                int64_t n, std::vector<T>& buf) {
   const T* row = base + offset_of(r, shape.data(), strides.data(), static_cast<int64_t>(shape.size()) - 1);
   const int64_t step = strides.back();
@@ -100,7 +100,7 @@ const T* RowOf(const T* base, const std::vector<int64_t>& shape, const std::vect
 template <typename T>
 class RowSource {
  public:
-  RowSource(const T* base, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides, int64_t n)
+  RowSource(const T* base, const Dims& shape, const Dims& strides, int64_t n)
       : base_(base), shape_(shape), strides_(strides), n_(n) {
     const size_t rank = shape.size();
     if (kL > 1 && rank >= 2 && strides.back() != 1 && strides[rank - 2] == 1 && shape[rank - 2] >= kL && n >= kL) {
@@ -162,8 +162,8 @@ class RowSource {
   }
 
   const T* base_;
-  const std::vector<int64_t>& shape_;
-  const std::vector<int64_t>& strides_;
+  const Dims& shape_;
+  const Dims& strides_;
   int64_t n_, panel_rows_ = 1, panel_begin_ = 0, panel_end_ = 0;
   std::vector<T> panel_, gathered_;
 };

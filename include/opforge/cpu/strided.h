@@ -25,35 +25,6 @@ inline int64_t offset_of(int64_t linear, const int64_t* shape, const int64_t* st
   return offset;
 }
 
-// A short list of int64 kept inline (tensor ranks are small), moving to the heap past kInline:
-// for_each_row runs on every elementwise call, where a handful of heap allocations cost as
-// much as a small tensor's arithmetic.
-class InlineInts {
- public:
-  static constexpr size_t kInline = 12;
-  void push_back(int64_t v) {
-    if (heap_.empty() && size_ < kInline) {
-      inline_[size_++] = v;
-      return;
-    }
-    if (heap_.empty()) heap_.assign(inline_, inline_ + size_);
-    heap_.push_back(v);
-    ++size_;
-  }
-  int64_t* data() { return heap_.empty() ? inline_ : heap_.data(); }
-  const int64_t* data() const { return heap_.empty() ? inline_ : heap_.data(); }
-  int64_t& operator[](size_t i) { return data()[i]; }
-  int64_t operator[](size_t i) const { return data()[i]; }
-  int64_t& back() { return data()[size_ - 1]; }
-  size_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-
- private:
-  int64_t inline_[kInline];
-  size_t size_ = 0;
-  std::vector<int64_t> heap_;
-};
-
 // A row: `len` elements; operand k starts at offsets[k] and steps by inner[k].
 // Operand 0 is the contiguous output.
 template <size_t N>
@@ -115,7 +86,7 @@ inline constexpr int64_t kTileRows = 128, kTileCols = 128;
 // than along the innermost (a transposed view: x.T + 1): walked row by row it would be read one
 // cache line, and one page, per element.
 template <size_t N>
-bool needs_tiles(const std::array<InlineInts, N>& st, size_t rank) {
+bool needs_tiles(const std::array<Dims, N>& st, size_t rank) {
   if (rank < 2) return false;
   for (size_t k = 1; k < N; ++k) {
     const int64_t in = std::abs(st[k][rank - 1]), out = std::abs(st[k][rank - 2]);
@@ -130,7 +101,7 @@ bool needs_tiles(const std::array<InlineInts, N>& st, size_t rank) {
 // 2-core Xeon). A callback that takes blocks (Rows) gets each tile as one, which it may read in
 // squares (transpose-inl.h's MapSquares). Blocks go to threads, at least `grain` elements each.
 template <size_t N, typename F>
-void walk_in_tiles(const InlineInts& dims, const std::array<InlineInts, N>& st, int64_t total, int64_t grain, F& fn) {
+void walk_in_tiles(const Dims& dims, const std::array<Dims, N>& st, int64_t total, int64_t grain, F& fn) {
   const size_t rank = dims.size();
   const int64_t inner = dims[rank - 1], rows = dims[rank - 2];
   const int64_t blocks = (rows + kTileRows - 1) / kTileRows, groups = total / (inner * rows) * blocks;
@@ -172,11 +143,11 @@ void walk_in_tiles(const InlineInts& dims, const std::array<InlineInts, N>& st, 
 // The rows of elements [begin, end) of a two-dimensional walk (one outer dimension after
 // merging: the common case of short rows, a [rows, 64] tensor times a [64] bias, channels-last
 // by a per-channel scale), the strides held in locals: the general walk reads them from
-// InlineInts on every row, and reloads them after each row's stores wherever those could alias
+// Dims on every row, and reloads them after each row's stores wherever those could alias
 // them (one thread, row by row: [65536, 64] * [64] 0.67 -> 0.59 ms, [262144, 16] + [16] 1.65 ->
 // 1.10). A callback that takes blocks (Rows) gets the chunk's whole rows as one.
 template <size_t N, typename F>
-void walk_rows_2d(int64_t begin, int64_t end, int64_t inner, const std::array<InlineInts, N>& st, F& fn) {
+void walk_rows_2d(int64_t begin, int64_t end, int64_t inner, const std::array<Dims, N>& st, F& fn) {
   std::array<int64_t, N> outer, step, start;
   for (size_t k = 0; k < N; ++k) {
     outer[k] = st[k][0];
@@ -222,11 +193,11 @@ void walk_rows_2d(int64_t begin, int64_t end, int64_t inner, const std::array<In
 // an input is transposed): fn writes each element of its output on its own, as every
 // elementwise caller does.
 template <size_t N, typename F>
-void for_each_row(const std::vector<int64_t>& shape, const std::array<std::vector<int64_t>, N>& strides,
+void for_each_row(const Dims& shape, const std::array<Dims, N>& strides,
                   int64_t grain, F&& fn) {
   // Drop size-1 dimensions, then merge neighbours every operand steps through evenly.
-  InlineInts dims;
-  std::array<InlineInts, N> st;
+  Dims dims;
+  std::array<Dims, N> st;
   for (size_t d = 0; d < shape.size(); ++d) {
     if (shape[d] == 1) continue;
     bool merge = !dims.empty();
@@ -254,7 +225,7 @@ void for_each_row(const std::vector<int64_t>& shape, const std::array<std::vecto
     // The chunk's first row is found by division; later rows by stepping an odometer over the
     // outer dimensions. Divisions per row (one per operand) cost as much as a short row's work.
     int64_t row = begin / inner, col = begin % inner;
-    InlineInts index;
+    Dims index;
     for (int64_t d = 0; d < rank - 1; ++d) index.push_back(0);
     for (int64_t d = rank - 2, rest = row; d >= 0; --d) {
       index[d] = rest % dims[d];

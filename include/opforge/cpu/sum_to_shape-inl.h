@@ -18,6 +18,8 @@
 #include <cstring>
 #include <vector>
 
+#include "opforge/dims.h"
+
 namespace opforge::cpu {
 
 inline constexpr int64_t kSumWork = 1 << 15;  // terms per work item, roughly
@@ -27,16 +29,16 @@ inline constexpr int64_t kSumMaxItems = 64;   // caps the chunk partials kept in
 // through them evenly, split by what the result does with them. m outputs, each a sum of r terms.
 template <size_t N>
 struct SumPlan {
-  std::vector<int64_t> kept_size, red_size;
-  std::array<std::vector<int64_t>, N> kept_stride, red_stride;
+  Dims kept_size, red_size;
+  std::array<Dims, N> kept_stride, red_stride;
   bool inner_kept = true;
   int64_t m = 1, r = 1;
   int64_t tile = 1, tiles = 1, chunks = 1;
 };
 
 template <size_t N>
-SumPlan<N> make_sum_plan(const std::vector<int64_t>& shape, const std::array<std::vector<int64_t>, N>& strides,
-                         const std::vector<int64_t>& out_shape) {
+SumPlan<N> make_sum_plan(const Dims& shape, const std::array<Dims, N>& strides,
+                         const Dims& out_shape) {
   SumPlan<N> p;
   const size_t lead = shape.size() - out_shape.size();
   bool any = false;
@@ -73,7 +75,7 @@ SumPlan<N> make_sum_plan(const std::vector<int64_t>& shape, const std::array<std
 template <size_t N>
 class SumWalker {
  public:
-  SumWalker(const std::vector<int64_t>& size, const std::array<std::vector<int64_t>, N>& stride, int64_t rank)
+  SumWalker(const Dims& size, const std::array<Dims, N>& stride, int64_t rank)
       : size_(size), stride_(stride), rank_(rank), index_(rank) {}
   void seek(int64_t linear) {
     offset_.fill(0);
@@ -94,10 +96,10 @@ class SumWalker {
   int64_t offset(size_t k) const { return offset_[k]; }
 
  private:
-  const std::vector<int64_t>& size_;
-  const std::array<std::vector<int64_t>, N>& stride_;
+  const Dims& size_;
+  const std::array<Dims, N>& stride_;
   int64_t rank_;
-  std::vector<int64_t> index_;
+  Dims index_;
   std::array<int64_t, N> offset_{};
 };
 
@@ -255,8 +257,8 @@ struct SumTimes {
 // out = the terms over `shape` (operand k at base[k] with strides[k], broadcast strides
 // allowed) summed down to out's shape, which `shape` broadcasts from. out is contiguous.
 template <typename T, size_t N>
-void SumToShape(const TensorView& out, const std::vector<int64_t>& shape, const std::array<const T*, N>& base,
-                const std::array<std::vector<int64_t>, N>& strides) {
+void SumToShape(const TensorView& out, const Dims& shape, const std::array<const T*, N>& base,
+                const std::array<Dims, N>& strides) {
   using C = Compute<T>;
   if (out.numel() == 0) return;
   T* dst = out.data_as<T>();
@@ -268,7 +270,7 @@ void SumToShape(const TensorView& out, const std::vector<int64_t>& shape, const 
   }
   const SumPlan<N> p = make_sum_plan<N>(shape, strides, out.shape);
   if (p.r == 1) {  // nothing summed: one elementwise pass at memory speed
-    std::array<std::vector<int64_t>, N + 1> walk;
+    std::array<Dims, N + 1> walk;
     walk[0] = contiguous_strides(shape);
     for (size_t k = 0; k < N; ++k) walk[k + 1] = strides[k];
     // Blocks of rows: a transposed operand's tiles go in squares (transpose-inl.h).

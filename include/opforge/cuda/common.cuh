@@ -76,8 +76,8 @@ struct Indexer {
 // Size-1 dimensions are dropped and neighbours merged where one lies inside the other
 // (stride[d] == stride[d+1] * shape[d+1]): the same offset for every linear index, fewer
 // divisions per element, and views of any rank that merge to kMaxRank or fewer dimensions.
-inline Indexer make_indexer(const char* op, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
-  std::vector<int64_t> sizes, steps;
+inline Indexer make_indexer(const char* op, const Dims& shape, const Dims& strides) {
+  Dims sizes, steps;
   for (size_t d = 0; d < shape.size(); ++d) {
     if (shape[d] == 1) continue;
     if (!sizes.empty() && steps.back() == strides[d] * shape[d]) {
@@ -234,9 +234,9 @@ void launch_map_contiguous(T* out, Operands<T, K> in, int64_t n, F f, cudaStream
 // How `t`, broadcast to `shape`, repeats along that shape's elements in order: 0 when it is
 // contiguous and shaped like it; P when its elements are the last P of the shape's, contiguous,
 // repeated (leading dimensions broadcast: a bias row, or a single value with P = 1); -1 otherwise.
-inline int64_t repeat_period(const TensorView& t, const std::vector<int64_t>& shape) {
+inline int64_t repeat_period(const TensorView& t, const Dims& shape) {
   if (t.shape == shape) return t.is_contiguous() ? 0 : -1;
-  const std::vector<int64_t> strides = broadcast_strides(t, shape);
+  const Dims strides = broadcast_strides(t, shape);
   int64_t period = 1;
   size_t d = shape.size();
   for (; d > 0 && (shape[d - 1] == 1 || strides[d - 1] == period); --d) period *= shape[d - 1];

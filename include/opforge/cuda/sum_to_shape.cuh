@@ -31,14 +31,14 @@ inline constexpr int64_t kSumTargetThreads = int64_t(1) << 17, kSumMinChunk = 64
 // grad's dimensions split into those the output keeps (row-major over them) and those summed,
 // with each operand's strides split alike. Size-1 dimensions are dropped.
 struct SumSplit {
-  std::vector<int64_t> kept, summed;                        // sizes
-  std::vector<std::vector<int64_t>> kept_steps, summed_steps;  // per operand
+  Dims kept, summed;                        // sizes
+  std::vector<Dims> kept_steps, summed_steps;  // per operand
   bool inner_kept = true;                                   // grad's innermost dimension is kept
 };
 
 // `out_shape` broadcasts to `grad_shape`; `strides` are each operand's strides over grad_shape.
-inline SumSplit split_for_sum(const std::vector<int64_t>& grad_shape, const std::vector<int64_t>& out_shape,
-                              const std::vector<std::vector<int64_t>>& strides) {
+inline SumSplit split_for_sum(const Dims& grad_shape, const Dims& out_shape,
+                              const std::vector<Dims>& strides) {
   SumSplit s;
   s.kept_steps.resize(strides.size());
   s.summed_steps.resize(strides.size());
