@@ -107,6 +107,7 @@ Outputs infer_outputs(const OpDef& op, const OpInputs& inputs) {
   if (op.output_mask_slot() >= 0)
     apply_output_mask(ctx, std::get<int64_t>(inputs.attrs[op.output_mask_slot()]), outputs);
   std::vector<const TensorView*> operands;
+  operands.reserve(op.elementwise_args().size());
   for (const auto& arg : op.elementwise_args()) {
     const auto& t = inputs.tensors[op.tensor_slot(arg)];
     if (t) operands.push_back(&*t);

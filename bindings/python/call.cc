@@ -155,6 +155,10 @@ PreparedCall prepare_call(const OpDef& op, const BoundArgs& bound_args) {
   const auto& specs = op.schema().args;
   PreparedCall call;
   OpInputs& inputs = call.inputs;
+  // One heap block each (none without attributes), not one per growth (as direct_call.cc).
+  const auto num_tensors = static_cast<size_t>(op.schema().num_tensor_args());
+  inputs.tensors.reserve(num_tensors);
+  inputs.attrs.reserve(specs.size() - num_tensors);
   bool have_framework = false;
   for (size_t i = 0; i < specs.size(); ++i) {
     const ArgSpec& spec = specs[i];

@@ -82,6 +82,9 @@ class Dims {
   const int64_t& back() const noexcept { return data_[size_ - 1]; }
   operator std::span<const int64_t>() const noexcept { return {data_, size_}; }  // NOLINT
   std::vector<int64_t> vec() const { return {begin(), end()}; }
+  // For code written against the std::vector that shapes were before (plugins' shape rules):
+  // it compiles as it did, at the cost of the copy.
+  operator std::vector<int64_t>() const { return vec(); }  // NOLINT
 
   void clear() noexcept { size_ = 0; }
   void reserve(size_t n) {

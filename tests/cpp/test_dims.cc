@@ -88,6 +88,19 @@ TEST(Dims, MovedFromIsEmptyAndUsable) {
   EXPECT_EQ(ints(heap), (Ints{4}));
 }
 
+// Shape rules written when shapes were std::vectors (a plugin's) compile and run unchanged.
+TEST(Dims, ConvertsToAndFromAVector) {
+  const Dims d{4, 5, 6};
+  const Ints copied = d;
+  Ints assigned;
+  assigned = d;
+  EXPECT_EQ(copied, (Ints{4, 5, 6}));
+  EXPECT_EQ(assigned, copied);
+  EXPECT_TRUE(d == copied && copied == d);
+  const Dims back = copied;
+  EXPECT_EQ(back, d);
+}
+
 TEST(Dims, PrintsAsAShapeInMessages) {
   EXPECT_EQ(str("got ", Dims{2, 3}, " and ", Dims{}), "got [2, 3] and []");
 }
