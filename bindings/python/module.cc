@@ -131,8 +131,9 @@ NB_MODULE(_core, m) {
            },
            nb::arg("arg"), nb::arg("got"),
            "Raises the TypeError every frontend raises for an argument of a dtype opforge lacks.")
-      .def("fail_out_needs_grad", [](const PyOp& self, const std::string& name) { fail_out_needs_grad(*self.op, name); },
-           nb::arg("name"), "Raises the TypeError for an input or out that requires grad: out= has no autograd.")
+      .def("fail_out_needs_grad",
+           [](const PyOp& self, const std::string& name) { fail_out_needs_grad(*self.op, name); }, nb::arg("name"),
+           "Raises the TypeError for an input or out that requires grad: out= has no autograd.")
       .def("check_out_count",
            [](const PyOp& self, bool sequence, size_t given, const std::string& type) {
              check_out_count(*self.op, sequence, given, type);
