@@ -13,6 +13,7 @@ lazily made objects), and the count given is the smallest of 50 calls. Linux onl
 bench/results/allocations_cpu.csv.
 """
 
+import csv
 import os
 import subprocess
 import sys
@@ -59,7 +60,7 @@ def cases():
     ]
 
 
-def child(library: str, csv: Path) -> None:
+def child(library: str, results: Path) -> None:
     import ctypes
 
     import torch
@@ -83,14 +84,17 @@ def child(library: str, csv: Path) -> None:
     print(f"{'case':28s} {'who':16s} mallocs per call")
     for op, who, n in rows:
         print(f"{op:28s} {who:16s} {n}")
-    csv.write_text("case,who,mallocs_per_call\n" + "".join(f"{op},{who},{n}\n" for op, who, n in rows))
-    print(f"\nwrote {csv}")
+    with results.open("w", newline="") as f:  # csv quotes the names with commas in them
+        writer = csv.writer(f)
+        writer.writerow(["case", "who", "mallocs_per_call"])
+        writer.writerows(rows)
+    print(f"\nwrote {results}")
 
 
 def main() -> None:
-    csv = Path(__file__).resolve().parent / "results" / "allocations_cpu.csv"
+    results = Path(__file__).resolve().parent / "results" / "allocations_cpu.csv"
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        child(sys.argv[2], csv)
+        child(sys.argv[2], results)
         return
     with tempfile.TemporaryDirectory() as tmp:
         source, library = Path(tmp) / "count_malloc.c", Path(tmp) / "count_malloc.so"
