@@ -21,8 +21,7 @@ Dims deciding_strides(const TensorView& t, const Dims& shape) {
 
 }  // namespace
 
-Dims elementwise_result_strides(std::span<const TensorView* const> operands,
-                                                const Dims& shape) {
+Dims elementwise_result_strides(std::span<const TensorView* const> operands, const Dims& shape) {
   const size_t n = shape.size();
   int64_t numel = 1;
   for (int64_t s : shape) numel *= s;

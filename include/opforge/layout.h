@@ -19,8 +19,7 @@ namespace opforge {
 // have the strides torch's own elementwise ops would give). Broadcast dimensions (stride 0),
 // size-1 dimensions and pairs no operand orders keep the row-major order; strides compare by
 // magnitude (a NumPy array may step backwards). Row-major when every operand is.
-Dims elementwise_result_strides(std::span<const TensorView* const> operands,
-                                                const Dims& shape);
+Dims elementwise_result_strides(std::span<const TensorView* const> operands, const Dims& shape);
 
 // For kernels of elementwise ops, which write their results row-major: the call's views with
 // every dimension reordered to the results' memory order, outermost first, for results laid out

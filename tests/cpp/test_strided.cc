@@ -134,8 +134,7 @@ TEST(Strided, ForEachRowMatchesNaiveWalk) {
 TEST(Strided, TransposedOperandsWalkInTiles) {
   const int64_t saved = num_threads();
   set_num_threads(3);
-  for (const Dims& shape : {Dims{37, 70}, Dims{3, 33, 65},
-                                            Dims{16, 32}, Dims{2, 17, 5}}) {
+  for (const Dims& shape : {Dims{37, 70}, Dims{3, 33, 65}, Dims{16, 32}, Dims{2, 17, 5}}) {
     const int64_t rank = static_cast<int64_t>(shape.size());
     Layout l;
     l.shape = shape;

@@ -92,7 +92,7 @@ TEST_P(StridedRows, EqualContiguousCopiesAndStayInsideTheirRows) {
   for (const auto& [op, inputs] : ops)
     // Both operands of a binary op strided, or one strided beside a contiguous or broadcast one.
     for (const Dims& strides : std::vector<Dims>{{2, 2}, {3, 3}, {-2, -2}, {2, 1},
-                                                                                  {1, 3}, {0, 2}, {-2, 0}})
+                                                  {1, 3}, {0, 2}, {-2, 0}})
       for (int64_t n = 1; n <= 40; ++n) {
         if (inputs == 1 && strides[0] != strides[1]) continue;
         expect_strided_equals_contiguous<float>(op, inputs, n, strides, rng);

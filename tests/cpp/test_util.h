@@ -141,8 +141,7 @@ class FakeGpu final : public Backend {
   return true;
 }();
 
-inline TensorView view(void* data, DType dtype, Dims shape,
-                       Dims strides = {}, Device device = {}) {
+inline TensorView view(void* data, DType dtype, Dims shape, Dims strides = {}, Device device = {}) {
   TensorView t;
   t.data = data;
   t.dtype = dtype;
@@ -153,8 +152,7 @@ inline TensorView view(void* data, DType dtype, Dims shape,
 }
 
 template <typename T>
-TensorView view(std::vector<T>& storage, DType dtype, Dims shape,
-                Dims strides = {}) {
+TensorView view(std::vector<T>& storage, DType dtype, Dims shape, Dims strides = {}) {
   return view(storage.data(), dtype, std::move(shape), std::move(strides));
 }
 
