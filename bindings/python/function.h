@@ -20,7 +20,9 @@ namespace opforge::python {
 // the Python error exactly as for any other binding.
 void register_function_type(nanobind::module_& m);
 
-// A new Function calling `op`.
-nanobind::object make_function(const OpDef& op);
+// A new Function calling `op`. `jax_only`: opforge.jax.<op>, which runs calls on concrete JAX
+// arrays itself and hands every other call to its _jax_route (the Python function opforge.jax
+// makes, which traces, converts and reports errors).
+nanobind::object make_function(const OpDef& op, bool jax_only = false);
 
 }  // namespace opforge::python

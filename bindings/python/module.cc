@@ -202,8 +202,10 @@ NB_MODULE(_core, m) {
         "Ops whose declaration failed at load time (bad schema, duplicate name).");
   m.def("seal_ops", &seal_ops, "Freezes the kernel lists of the ops registered so far (before a plugin loads).");
   python::register_function_type(m);
-  m.def("function", [](const PyOp& op) { return python::make_function(*op.op); }, nb::arg("op"),
-        "A Function calling `op` (what opforge.<op> is).");
+  m.def("function", [](const PyOp& op, bool jax_only) { return python::make_function(*op.op, jax_only); },
+        nb::arg("op"), nb::arg("jax_only") = false,
+        "A Function calling `op` (what opforge.<op> is); `jax_only`: what opforge.jax.<op> is (calls on "
+        "concrete JAX arrays run here, all others go to its _jax_route).");
   m.def("op", [](const std::string& name) { return PyOp{&find_op(name)}; }, nb::arg("name"),
         "The registered op `name`.");
   m.def("op_names", [] {

@@ -311,7 +311,7 @@ def _traced(args, kwargs) -> bool:
 def _make_function(name: str):
     op = _op(name)
 
-    def function(*args, **kwargs):
+    def route(*args, **kwargs):
         if _traced(args, kwargs):  # under jit, grad, vmap, ...
             return apply(name, *args, **kwargs)
         # Concrete arrays: one compiled call (_compiled), bound as under jit: the same checks and
@@ -323,7 +323,12 @@ def _make_function(name: str):
         except jax.errors.JaxRuntimeError as error:  # from the call itself on the CPU; a GPU's come later
             raise _typed_error(error) from None
 
-    function.__name__ = function.__qualname__ = name
+    # A C++ callable that runs calls on concrete JAX arrays itself (the same jitted call as
+    # `route`'s, looked up without binding in Python: half the cost of such a call) and hands
+    # every other call (tracers, NumPy arrays, a wrong argument) to `route`.
+    function = _core.function(op.core, jax_only=True)
+    function._jax_route = route
+    function.__name__ = function.__qualname__ = route.__name__ = route.__qualname__ = name
     function.__module__ = __name__
     function.__signature__ = op.signature
     grad_note = (f"Differentiable in {', '.join(op.backward[1])} (backward: {op.backward[0]})."
@@ -345,6 +350,13 @@ def _add_ops(names: list[str]) -> None:
         getattr(_opforge, name)._jax_route = globals()[name]
 
 
-_core._set_jax_tracer_type(_Tracer)  # opforge.<op> hands calls with a tracer to this module
+def _raise_typed(error: Exception):
+    """Raises a kernel's error from a jitted call as opforge.jax.<op> raises it (_make_function)."""
+    raise _typed_error(error) from None
+
+
+# opforge.<op> hands calls with a tracer to this module, and runs calls on concrete JAX arrays
+# through the same jitted calls (_compiled) it makes, bound in C++ (bindings/python/function.cc).
+_core._set_jax_hooks(_Tracer, _compiled, _raise_typed, jax.errors.JaxRuntimeError)
 _add_ops(_core.op_names())
 del _platform, _capsule

@@ -212,6 +212,55 @@ def test_concrete_jax_attributes_may_be_arrays(rng):
     np.testing.assert_array_equal(opforge.rms_norm(x, w, eps=jnp.float32(1e-3)), opforge.rms_norm(x, w, eps=1e-3))
 
 
+def test_concrete_jax_calls_skip_the_python_route(rng):
+    """opforge.<op> and opforge.jax.<op> run a call on concrete JAX arrays from C++ (the jitted
+    call opforge.jax makes, found by a key of the tensors given and the attribute values) without
+    entering the Python function that binds calls; tracers still go through it."""
+    calls = []
+    for function in (opforge.relu, oj.relu):
+        route = function._jax_route
+        try:
+            function._jax_route = lambda *a, **k: calls.append(a) or route(*a, **k)
+            x = jnp.asarray(rng.standard_normal(7).astype(np.float32))
+            np.testing.assert_array_equal(function(x), np.maximum(np.asarray(x), 0))
+            assert calls == []
+            jax.jit(function)(x)
+            assert len(calls) == 1 and isinstance(calls[0][0], jax.core.Tracer)
+        finally:
+            function._jax_route = route
+        calls.clear()
+
+
+@pytest.mark.parametrize("function", ["opforge", "opforge.jax"])
+def test_concrete_jax_calls_are_keyed_by_attributes_and_tensors_given(function, rng):
+    """Each attribute value and each set of optional tensors given has its own compiled call:
+    alternating them (and going past the 64 calls a function keeps) never reuses the wrong one."""
+    module = opforge if function == "opforge" else oj
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    w, b = rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    jx, jw, jb = jnp.asarray(x), jnp.asarray(w), jnp.asarray(b)
+
+    def layer_norm(eps, bias):
+        centered = x.astype(np.float64) - x.mean(axis=-1, keepdims=True)
+        y = centered / np.sqrt((centered**2).mean(axis=-1, keepdims=True) + eps) * w
+        return y + b if bias else y
+
+    for eps in [1e-5, 1.0, 1e-5, 4.0] + [float(k) for k in range(1, 70)] + [1.0]:
+        for bias in (True, False):
+            got = module.layer_norm(jx, jw, jb, eps=eps) if bias else module.layer_norm(jx, jw, eps=eps)
+            np.testing.assert_allclose(np.asarray(got), layer_norm(eps, bias), rtol=1e-5, atol=1e-5)
+    # Positional, keyword and default: the same key; a string attribute too.
+    np.testing.assert_array_equal(module.layer_norm(jx, jw, None, 1e-5), module.layer_norm(jx, jw))
+    relu = module.linear_act(jx, jnp.asarray(w[None, :]), act="relu")
+    np.testing.assert_allclose(np.asarray(relu), np.maximum(x @ w[:, None], 0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(module.linear_act(jx, jnp.asarray(w[None, :]))), x @ w[:, None],
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(TypeError, match=r"^layer_norm\(\): 'eps' must be a float, got str"):
+        module.layer_norm(jx, jw, eps="small")
+    with pytest.raises(ValueError, match=r"^linear_act\(\): 'act' must be one of"):
+        module.linear_act(jx, jnp.asarray(w[None, :]), act="swish2")
+
+
 def test_mixed_jax_and_numpy_take_the_generic_path(rng):
     x = jnp.asarray(rng.standard_normal((2, 8)).astype(np.float32))
     y = rng.standard_normal(8).astype(np.float32)
