@@ -5,6 +5,14 @@
 
 namespace opforge {
 
+OpInputs OpInputs::reserved_for(const Schema& schema) {
+  OpInputs inputs;
+  const auto tensors = static_cast<size_t>(schema.num_tensor_args());
+  inputs.tensors.reserve(tensors);
+  if (tensors < schema.args.size()) inputs.attrs.reserve(schema.args.size() - tensors);
+  return inputs;
+}
+
 OpDef::OpDef(std::string_view schema) : schema_(Schema::parse(schema)) {
   int64_t tensors = 0, attrs = 0;
   for (const auto& arg : schema_.args) slot_of_arg_.push_back(arg.is_tensor() ? tensors++ : attrs++);

@@ -39,7 +39,7 @@ Bound bind(const OpDef& op, torch::jit::Stack& stack, size_t n) {
   const auto& specs = op.schema().args;
   TORCH_CHECK(n == specs.size(), "forge: torch passed ", n, " arguments to ", op.name(), ", expected ", specs.size());
   auto args = torch::jit::last(stack, n);
-  Bound b;
+  Bound b{OpInputs::reserved_for(op.schema())};
   std::string first;  // the argument that fixed the device
   for (size_t i = 0; i < n; ++i) {
     const c10::IValue& v = args[i];

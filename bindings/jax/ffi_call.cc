@@ -76,7 +76,7 @@ ffi::Error run(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary
     auto present = attrs.get<int64_t>("present");
     if (present.has_error()) return ffi::Error::InvalidArgument(op.name() + "(): FFI call without 'present'");
 
-    OpInputs inputs;
+    OpInputs inputs = OpInputs::reserved_for(op.schema());
     size_t operand = 0;
     int64_t slot = 0;
     for (const ArgSpec& spec : op.schema().args) {

@@ -153,12 +153,8 @@ PreparedCall prepare_call(const OpDef& op, const BoundArgs& bound_args) {
   const std::vector<nb::handle>& bound = bound_args.values;
   const bool writes_out = bound_args.out.ptr() != nullptr;
   const auto& specs = op.schema().args;
-  PreparedCall call;
+  PreparedCall call{OpInputs::reserved_for(op.schema())};
   OpInputs& inputs = call.inputs;
-  // One heap block each (none without attributes), not one per growth (as direct_call.cc).
-  const auto num_tensors = static_cast<size_t>(op.schema().num_tensor_args());
-  inputs.tensors.reserve(num_tensors);
-  inputs.attrs.reserve(specs.size() - num_tensors);
   bool have_framework = false;
   for (size_t i = 0; i < specs.size(); ++i) {
     const ArgSpec& spec = specs[i];
@@ -247,7 +243,7 @@ TensorView view_from_meta(const OpDef& op, const std::string& name, nb::handle m
 }  // namespace
 
 nb::list infer_call(const OpDef& op, const nb::sequence& tensors, const nb::dict& attrs, nb::handle out) {
-  OpInputs inputs;
+  OpInputs inputs = OpInputs::reserved_for(op.schema());
   const auto& specs = op.schema().args;
   size_t t = 0;
   for (const ArgSpec& spec : specs) {

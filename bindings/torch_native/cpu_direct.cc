@@ -170,7 +170,7 @@ std::optional<OpInputs> plain_inputs(const OpDef& op, c10::ArrayRef<c10::IValue>
   const auto& specs = op.schema().args;
   if (stack.size() != specs.size()) return std::nullopt;
   const bool grad_mode = !below_autograd && at::GradMode::is_enabled();
-  OpInputs inputs;
+  OpInputs inputs = OpInputs::reserved_for(op.schema());
   for (size_t i = 0; i < specs.size(); ++i) {
     const c10::IValue& value = stack[i];
     switch (specs[i].kind) {

@@ -148,10 +148,7 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   bool boxed = direct;  // every tensor plain CPU, some needing a gradient: call_boxed
   try {
     const bool grad_mode = at::GradMode::is_enabled();
-    OpInputs inputs;
-    const auto tensor_args = static_cast<size_t>(op.schema().num_tensor_args());
-    inputs.tensors.reserve(tensor_args);
-    if (tensor_args < specs.size()) inputs.attrs.reserve(specs.size() - tensor_args);
+    OpInputs inputs = OpInputs::reserved_for(op.schema());
     for (size_t i = 0; i < specs.size(); ++i) {
       PyObject* value = args[i];
       switch (specs[i].kind) {

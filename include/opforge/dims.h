@@ -102,7 +102,18 @@ class Dims {
   template <std::input_iterator It>
   void assign(It first, It last) {
     clear();
-    for (; first != last; ++first) push_back(static_cast<int64_t>(*first));
+    if constexpr (std::forward_iterator<It>) {
+      // One capacity check, then a plain copy: every copy of a view comes here. A range inside
+      // this Dims fits its capacity, so nothing moves under it, and it is copied forward onto
+      // the start, which is never past the range's own first value.
+      const auto count = static_cast<size_t>(std::distance(first, last));
+      reserve(count);
+      int64_t* out = data_;
+      for (; first != last; ++first) *out++ = static_cast<int64_t>(*first);
+      size_ = static_cast<uint32_t>(count);
+    } else {
+      for (; first != last; ++first) push_back(static_cast<int64_t>(*first));
+    }
   }
   void push_back(int64_t value) {
     if (size_ == capacity_) grow(capacity_ * 2);

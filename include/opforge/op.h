@@ -37,6 +37,10 @@ inline std::vector<DType> float_dtypes() {
 struct OpInputs {
   std::vector<std::optional<TensorView>> tensors;
   std::vector<AttrValue> attrs;
+
+  // Empty lists with room for a call of `schema`: one heap block each (none without attributes)
+  // rather than one per growth. Every frontend's binding starts from it.
+  static OpInputs reserved_for(const Schema& schema);
 };
 
 // What the shape rule says about one result. `strides` (elements) is the layout adapters
