@@ -1,8 +1,10 @@
 """What one call of opforge.<op> costs on a small array: on NumPy arrays (the generic adapter)
 against NumPy itself, on torch tensors (which it hands to opforge.torch.<op>) against torch
-eager, and on JAX arrays (which it hands to opforge.jax.<op>, one compiled call) against
-jax.numpy eager and against the generic DLPack path it took before. The torch adapter's other
-ways in (torch.ops.opforge, the generic DLPack path on torch tensors) are bench_torch.py's.
+eager, and on JAX arrays (one jitted FFI call, found in C++) against jax.numpy eager, against
+the generic DLPack path such calls took before, and against opforge.jax's Python binding, which
+found the jitted call until C++ did (still the path of calls not on JAX arrays alone). The
+torch adapter's other ways in (torch.ops.opforge, the generic DLPack path on torch tensors) are
+bench_torch.py's.
 
     python bench/bench_call_overhead.py [--samples 60] [--calls 200]
 
@@ -30,6 +32,7 @@ import torch
 
 import common
 import opforge
+import opforge.jax as oj
 
 EPS = 1e-6
 
@@ -72,6 +75,12 @@ def cases(shape):
          lambda: jnp_rms_norm(jx, jw).block_until_ready()),
         ("add, JAX arrays", lambda: opforge.add(jx, jy).block_until_ready(), "DLPack path",
          lambda: generic_add(jx, jy).block_until_ready()),
+        ("add via opforge.jax, JAX arrays", lambda: oj.add(jx, jy).block_until_ready(), "jax.numpy",
+         lambda: jnp.add(jx, jy).block_until_ready()),
+        # The Python function opforge.jax.add hands other calls to: how a call on concrete arrays
+        # was bound until the jitted call was looked up in C++ (2026-11-29), the same call after.
+        ("add, JAX arrays", lambda: opforge.add(jx, jy).block_until_ready(), "Python binding",
+         lambda: oj.add._jax_route(jx, jy).block_until_ready()),
     ]
 
 
