@@ -8,7 +8,6 @@
 #include <nanobind/stl/vector.h>
 
 #include "arrays.h"
-#include "dims_caster.h"
 #include "numpy_arrays.h"
 #include "out_arrays.h"
 #include "opforge/out.h"
@@ -213,11 +212,16 @@ PreparedCall prepare_call(const OpDef& op, const BoundArgs& bound_args) {
 
 namespace {
 
+// Sizes or strides from Python (a tuple, a list, a torch.Size), and back as a tuple. Trace time
+// only (JAX abstract evaluation, fake kernels): a vector's conversions do.
+Dims dims_from(nb::handle sequence) { return nb::cast<std::vector<int64_t>>(sequence); }
+nb::tuple dims_to_python(const Dims& dims) { return nb::tuple(nb::cast(dims.vec())); }
+
 // A tensor's metadata, (shape, dtype[, (device type, index)[, strides]]), as a view without data.
 // `result`: the result this one is to hold (an out), named in a dtype error.
 TensorView view_from_meta(const OpDef& op, const std::string& name, nb::handle meta, const OutputSpec* result = nullptr) {
   TensorView view;
-  view.shape = nb::cast<Dims>(meta[0]);
+  view.shape = dims_from(meta[0]);
   const std::string dtype = nb::cast<std::string>(meta[1]);
   try {
     view.dtype = dtype_from_name(dtype);
@@ -227,7 +231,7 @@ TensorView view_from_meta(const OpDef& op, const std::string& name, nb::handle m
     fail_unsupported_dtype(op, name, dtype);
   }
   // Strides default to row-major.
-  view.strides = nb::len(meta) > 3 && !meta[3].is_none() ? nb::cast<Dims>(meta[3])
+  view.strides = nb::len(meta) > 3 && !meta[3].is_none() ? dims_from(meta[3])
                                                           : contiguous_strides(view.shape);
   if (view.strides.size() != view.shape.size())
     fail(ErrorKind::value, op.name(), "(): '", name, "' has ", view.shape.size(), " sizes but ", view.strides.size(),
@@ -279,8 +283,7 @@ nb::list infer_call(const OpDef& op, const nb::sequence& tensors, const nb::dict
   }
   nb::list list;
   for (const OutputSpec& o : results)
-    list.append(nb::make_tuple(nb::cast(o.shape), std::string(dtype_name(o.dtype)),
-                               nb::cast(o.strides)));
+    list.append(nb::make_tuple(dims_to_python(o.shape), std::string(dtype_name(o.dtype)), dims_to_python(o.strides)));
   return list;
 }
 
