@@ -246,6 +246,14 @@ PyObject* jax_function_call(PyObject* self, PyObject* const* args, size_t nargsf
   return nullptr;
 }
 
+// Pickled, and copied (deep or not), by name, as Python's functions are: opforge.<op> and
+// opforge.jax.<op> are attributes of their modules (__module__, set by the package), so a model
+// or a closure holding one survives copy.deepcopy, pickle and multiprocessing. A string from
+// __reduce__ means "the global of that name"; pickle checks it finds this very object there.
+PyObject* function_reduce(PyObject* self, PyObject*) {
+  return PyUnicode_FromString(reinterpret_cast<FunctionObject*>(self)->op->name().c_str());
+}
+
 // Like a builtin function, it does not bind as a method; having __get__ makes inspect count
 // it as a routine, so help() shows its signature.
 PyObject* function_get(PyObject* self, PyObject*, PyObject*) { return Py_NewRef(self); }
@@ -297,6 +305,10 @@ void register_function_type(nb::module_& m) {
        "(None: none does)."},
       {nullptr, 0, 0, 0, nullptr},
   };
+  static PyMethodDef methods[] = {
+      {"__reduce__", function_reduce, METH_NOARGS, "Pickled as a reference to the module attribute of its name."},
+      {nullptr, nullptr, 0, nullptr},
+  };
   static PyType_Slot slots[] = {
       {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
       {Py_tp_descr_get, reinterpret_cast<void*>(function_get)},
@@ -305,6 +317,7 @@ void register_function_type(nb::module_& m) {
       {Py_tp_clear, reinterpret_cast<void*>(function_clear)},
       {Py_tp_dealloc, reinterpret_cast<void*>(function_dealloc)},
       {Py_tp_members, members},
+      {Py_tp_methods, methods},
       {Py_tp_doc, const_cast<char*>("An opforge op as a function: opforge.<op>(...).")},
       {0, nullptr},
   };

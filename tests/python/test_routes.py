@@ -261,6 +261,28 @@ def test_concrete_jax_calls_are_keyed_by_attributes_and_tensors_given(function, 
         module.linear_act(jx, jnp.asarray(w[None, :]), act="swish2")
 
 
+def test_functions_pickle_and_copy_by_name():
+    """opforge.<op> and opforge.jax.<op> pickle and copy as Python's functions do: by reference to
+    the module attribute, so a model or closure holding one survives copy.deepcopy, and another
+    process (multiprocessing, a saved object) gets the same function."""
+    import copy
+    import pickle
+
+    for function in (opforge.rms_norm, oj.rms_norm):
+        assert copy.copy(function) is function and copy.deepcopy([function])[0] is function
+        assert pickle.loads(pickle.dumps(function)) is function
+    code = ("import pickle, sys, numpy as np, jax.numpy as jnp\n"
+            "f, g = pickle.loads(sys.stdin.buffer.read())\n"
+            "print(f.__module__, g.__module__, f(np.array([-1.0, 2.0])).tolist(), g(jnp.array([-3.0, 4.0])).tolist())")
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps((opforge.relu, oj.relu)),
+                         capture_output=True, timeout=300)
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout.decode().split() == ["opforge", "opforge.jax", "[0.0,", "2.0]", "[0.0,", "4.0]"]
+    # A function made apart from the package is no module attribute: pickle says so.
+    with pytest.raises(pickle.PicklingError):
+        pickle.dumps(opforge._core.function(opforge._core.op("relu")))
+
+
 def test_mixed_jax_and_numpy_take_the_generic_path(rng):
     x = jnp.asarray(rng.standard_normal((2, 8)).astype(np.float32))
     y = rng.standard_normal(8).astype(np.float32)
