@@ -1,5 +1,6 @@
 #include "call.h"
 
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
@@ -297,7 +298,12 @@ nb::object call_op(const OpDef& op, const BoundArgs& bound) {
   void* stream = current_stream(framework, device);
   const OutArrays given = bound.out.ptr() ? out_arrays(op, bound.out, call) : OutArrays{};
   std::vector<std::optional<Allocation>> results(specs_out.size());  // those not given by out=
+  // Small NumPy results, in NumPy's memory (numpy_small_result); inline for up to four.
+  std::array<nb::object, 4> small_inline;
+  std::vector<nb::object> small_heap(specs_out.size() > small_inline.size() ? specs_out.size() : 0);
+  nb::object* const small = small_heap.empty() ? small_inline.data() : small_heap.data();
   std::vector<TensorView> views;
+  views.reserve(specs_out.size());
   try {
     for (size_t i = 0; i < specs_out.size(); ++i) {
       if (!given.views.empty() && given.views[i]) {
@@ -305,6 +311,14 @@ nb::object call_op(const OpDef& op, const BoundArgs& bound) {
         continue;
       }
       const OutputSpec& out = specs_out[i];
+      if (framework == Framework::numpy && device.type == DeviceType::cpu) {
+        TensorView view;
+        small[i] = numpy_small_result(out.dtype, out.shape, out.strides, view);
+        if (small[i].is_valid()) {
+          views.push_back(std::move(view));
+          continue;
+        }
+      }
       // JAX arrays are row-major whatever the inputs' layout (another framework's input can lead).
       const auto strides = framework == Framework::jax ? contiguous_strides(out.shape) : out.strides;
       results[i] = allocate(*selection.backend, out.dtype, out.shape, strides, device, stream);
@@ -337,7 +351,8 @@ nb::object call_op(const OpDef& op, const BoundArgs& bound) {
   }
   if (bound.out.ptr()) mark_written(given);
   auto result = [&](size_t i) {
-    return !given.objects.empty() && given.objects[i].is_valid() ? given.objects[i] : wrap(*results[i], framework);
+    if (!given.objects.empty() && given.objects[i].is_valid()) return given.objects[i];
+    return small[i].is_valid() ? small[i] : wrap(*results[i], framework);
   };
   // One result: the array itself, unless out= came as a tuple (NumPy's ufuncs answer alike).
   if (results.size() == 1 && !given.sequence) return result(0);

@@ -105,11 +105,12 @@ Route framework_route(const FunctionObject& function, const BoundArgs& bound) {
 
 // Concrete JAX arrays run as one jitted FFI call per op, tensors given and attribute values
 // (opforge.jax._compiled). opforge.jax.<op> binds the call in Python to find it, which cost as
-// much again as the jitted call itself (~30 us against ~13 on the 2-core CI machine); the call
-// is bound here already, so it is looked up here, in a dict on the function keyed by a mask of
-// the tensors given and the attributes' values. Returns the call (a new reference), or null
-// where opforge.jax.<op> is to take the call (its hooks unset, or an attribute is a tracer).
-// An attribute of the wrong kind fails as opforge.jax.<op> fails it (attr_from_python both).
+// much again as the jitted call itself (31-34 us against 14-19, bench_call_overhead.py on the
+// 2-core VM); the call is bound here already, so it is looked up here, in a dict on the function
+// keyed by a mask of the tensors given and the attributes' values. Returns the call (a new
+// reference), or null where opforge.jax.<op> is to take the call (its hooks unset, or an
+// attribute is a tracer). An attribute of the wrong kind fails as opforge.jax.<op> fails it
+// (attr_from_python both).
 nb::object jax_call(FunctionObject& function, const BoundArgs& bound) {
   if (!jax_hooks.compiled) return {};
   const OpDef& op = *function.op;
@@ -119,6 +120,7 @@ nb::object jax_call(FunctionObject& function, const BoundArgs& bound) {
   for (size_t i = 0; i < specs.size(); ++i) {
     PyObject* const value = bound.values[i].ptr();
     if (specs[i].is_tensor()) {
+      if (tensor == 64) return {};  // more than a mask holds (the FFI call's own mask is 64 bits)
       if (value && value != Py_None) given |= uint64_t{1} << tensor;
       ++tensor;
     } else {

@@ -99,4 +99,28 @@ nb::object numpy_wrap(const Allocation& result) {
   return owned;
 }
 
+nb::object numpy_small_result(DType dtype, const Dims& shape, const Dims& strides, TensorView& view) {
+  const int type = numpy_type_of(dtype);
+  const int64_t item = dtype_size(dtype);
+  if (type < 0 || shape.size() > NPY_MAXDIMS || !numpy_api_ready()) return nb::object();
+  int64_t elements = 1;
+  for (int64_t size : shape) elements *= size;
+  if (elements * item > kNumpySmallResultBytes) return nb::object();
+  npy_intp sizes[NPY_MAXDIMS], byte_strides[NPY_MAXDIMS];
+  for (size_t d = 0; d < shape.size(); ++d) {
+    sizes[d] = shape[d];
+    byte_strides[d] = strides[d] * item;
+  }
+  // Null data: NumPy allocates the elements (the strides are a dense layout's: they fit them).
+  PyObject* array = PyArray_NewFromDescr(&PyArray_Type, PyArray_DescrFromType(type), static_cast<int>(shape.size()),
+                                         sizes, byte_strides, nullptr, NPY_ARRAY_WRITEABLE, nullptr);
+  if (!array) throw nb::python_error();
+  view.data = PyArray_DATA(reinterpret_cast<PyArrayObject*>(array));
+  view.dtype = dtype;
+  view.device = Device{DeviceType::cpu, 0};
+  view.shape = shape;
+  view.strides = strides;
+  return nb::steal(array);
+}
+
 }  // namespace opforge::python

@@ -3,6 +3,7 @@ own pool and whose work runs on its own streams. Every result is checked against
 computation on CPU tensors; errors are checked by type and message.
 """
 
+import gc
 import os
 import re
 import subprocess
@@ -391,8 +392,10 @@ def test_torch_accelerator_drives_forge():
     assert torch.accelerator.current_accelerator() == torch.device("forge")
     assert torch.accelerator.device_count() == forge.device_count()
     x = torch.ones(256, device="forge")
-    # A finished task holds its tensors until a synchronize or a query lets them go: one between
-    # the two reads (earlier tests' work draining) would change the count under them.
+    # Nothing may free a forge tensor between the two reads: earlier tests' cyclic garbage (a
+    # collection the first read's allocations set off) or finished tasks still holding theirs
+    # (a synchronize lets them go).
+    gc.collect()
     forge.synchronize()
     assert torch.accelerator.memory_allocated() == forge.memory_allocated() >= x.numel() * 4
     s = torch.Stream(device="forge")

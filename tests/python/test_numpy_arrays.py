@@ -79,7 +79,8 @@ def test_uint8_blocks_in_and_out(rng):
 
 
 def test_results_own_their_memory(rng):
-    x, y = sample(rng, (3, 4), np.float32), sample(rng, (3, 4), np.float32)
+    # Past 4 KiB a result is opforge's aligned memory, which a capsule owns.
+    x, y = sample(rng, (33, 32), np.float32), sample(rng, (33, 32), np.float32)
     expected = x + y
     got = opforge.add(x, y)
     del x, y
@@ -96,6 +97,30 @@ def test_results_own_their_memory(rng):
     del got
     gc.collect()
     np.testing.assert_array_equal(view, expected[1:])  # a view keeps the memory alive
+
+
+@pytest.mark.parametrize("shape, dtype", [((), np.float32), ((3, 4), np.float64), ((32, 32), np.float32),
+                                          ((2, 0), np.int64), ((7, 5, 3), np.int32)])
+def test_small_results_are_numpys_own_memory(shape, dtype, rng):
+    """Results of at most 4 KiB are allocated by NumPy (its cache of small blocks) and own it."""
+    x = sample(rng, shape, dtype)
+    got = opforge.add(x, x)
+    assert got.flags.owndata and got.base is None and got.flags.writeable
+    assert got.dtype == dtype and got.shape == x.shape
+    np.testing.assert_array_equal(got, x + x)
+    first, second = opforge.add(x, x), opforge.add(x, x)
+    assert first.size == 0 or not np.shares_memory(first, second)
+
+
+def test_small_results_keep_the_inputs_layout(rng):
+    x = sample(rng, (5, 7, 3), np.float32).transpose(2, 0, 1)  # 420 bytes: a small result
+    got = opforge.add(x, x)
+    assert got.flags.owndata and got.strides == x.strides
+    np.testing.assert_array_equal(got, x + x)
+    y = sample(rng, (3, 5), np.float32).T[::-1]  # steps backwards: the result keeps the order, not the sign
+    got = opforge.add(y, y)
+    assert got.flags.owndata and got.strides == (4, 20)
+    np.testing.assert_array_equal(got, y + y)
 
 
 def test_a_result_keeps_the_inputs_layout(rng):
