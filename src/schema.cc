@@ -160,8 +160,12 @@ int64_t Schema::num_tensor_args() const {
 }
 
 int64_t Schema::arg_index(std::string_view arg) const {
-  for (size_t i = 0; i < args.size(); ++i)
-    if (args[i].name == arg) return static_cast<int64_t>(i);
+  // Every kernel and shape rule looks its arguments up by name, several times a call: sizes and
+  // first letters tell most names apart without a call to memcmp.
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& name = args[i].name;
+    if (name.size() == arg.size() && (arg.empty() || name[0] == arg[0]) && name == arg) return static_cast<int64_t>(i);
+  }
   return -1;
 }
 
