@@ -261,6 +261,19 @@ def test_concrete_jax_calls_are_keyed_by_attributes_and_tensors_given(function, 
         module.linear_act(jx, jnp.asarray(w[None, :]), act="swish2")
 
 
+def test_jax_only_function_errors_name_what_is_missing():
+    """The C++ side of opforge.jax.<op> without its Python route, and its hooks given the wrong
+    things: typed errors, not a crash."""
+    bare = opforge._core.function(opforge._core.op("relu"), jax_only=True)
+    with pytest.raises(RuntimeError, match=r"^relu\(\): opforge.jax has not set this function's route$"):
+        bare(np.ones(2, np.float32))
+    with pytest.raises(TypeError, match="^relu\\(\\) takes 1 arguments but 2 were given$"):
+        bare(jnp.ones(2), jnp.ones(2))  # no route to word it: the binding's own error
+    with pytest.raises(TypeError, match=r"^_set_jax_hooks: expected the tracer type and an exception class$"):
+        opforge._core._set_jax_hooks(1, print, print, ValueError)
+    np.testing.assert_array_equal(oj.relu(jnp.array([-1.0, 2.0])), [0.0, 2.0])  # hooks untouched
+
+
 def test_functions_pickle_and_copy_by_name():
     """opforge.<op> and opforge.jax.<op> pickle and copy as Python's functions do: by reference to
     the module attribute, so a model or closure holding one survives copy.deepcopy, and another
