@@ -47,6 +47,14 @@ bool is_tracer(PyObject* value) {
   return jax_hooks.tracer_type && PyObject_TypeCheck(value, reinterpret_cast<PyTypeObject*>(jax_hooks.tracer_type));
 }
 
+// Called in a catch block: raises the exception being handled as Python's error, through
+// _raise_pending, so nanobind's translators (opforge's included) set it as for any binding.
+PyObject* raise_current_exception() {
+  pending = std::current_exception();
+  Py_XDECREF(PyObject_CallNoArgs(raise_pending));  // always raises
+  return nullptr;
+}
+
 // Python may set a route to None (or delete it): no route either way.
 PyObject* route_or_null(PyObject* route) { return route == Py_None ? nullptr : route; }
 
@@ -203,29 +211,14 @@ PyObject* function_call(PyObject* self, PyObject* const* args, size_t nargsf, Py
       case Route::jax_traced: return PyObject_Vectorcall(function.jax_route, args, nargsf, keywords);
     }
   } catch (...) {
-    pending = std::current_exception();
+    return raise_current_exception();
   }
-  PyObject* result = PyObject_CallNoArgs(raise_pending);  // always raises
-  Py_XDECREF(result);
-  return nullptr;
 }
 
-// Whether every tensor argument given is a concrete JAX array (no tracer), and one is given.
-bool concrete_jax_arrays_only(const FunctionObject& function, const BoundArgs& bound) {
-  const auto& specs = function.op->schema().args;
-  bool any = false;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    PyObject* const value = bound.values[i].ptr();
-    if (!specs[i].is_tensor() || !value || value == Py_None) continue;
-    if (framework_of(value) != Framework::jax || is_tracer(value)) return false;
-    any = true;
-  }
-  return any;
-}
-
-// opforge.jax.<op>: calls on concrete JAX arrays run their jitted call from here (jax_call);
-// everything else (tracers, other arrays, any error in binding) goes to the Python function
-// opforge.jax made (its jax_route), which says what is wrong in its own words.
+// opforge.jax.<op>: calls on concrete JAX arrays alone (framework_route's rule, as for
+// opforge.<op>) run their jitted call from here (jax_call); everything else (tracers, other
+// arrays, out=, any error in binding) goes to the Python function opforge.jax made (its
+// jax_route), which says what is wrong in its own words.
 PyObject* jax_function_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* keywords) {
   auto& function = *reinterpret_cast<FunctionObject*>(self);
   PyObject* const fallback = route_or_null(function.jax_route);
@@ -236,16 +229,13 @@ PyObject* jax_function_call(PyObject* self, PyObject* const* args, size_t nargsf
     } catch (const Error&) {
       if (!fallback) throw;
     }
-    if (bound && !bound->out.ptr() && concrete_jax_arrays_only(function, *bound))
+    if (bound && !bound->out.ptr() && framework_route(function, *bound) == Route::jax_arrays)
       if (nb::object call = jax_call(function, *bound); call.is_valid()) return run_jax_call(function, *bound, call);
     if (!fallback) fail(ErrorKind::runtime, function.op->name(), "(): opforge.jax has not set this function's route");
     return PyObject_Vectorcall(fallback, args, nargsf, keywords);
   } catch (...) {
-    pending = std::current_exception();
+    return raise_current_exception();
   }
-  PyObject* result = PyObject_CallNoArgs(raise_pending);  // always raises
-  Py_XDECREF(result);
-  return nullptr;
 }
 
 // Pickled, and copied (deep or not), by name, as Python's functions are: opforge.<op> and

@@ -323,7 +323,7 @@ def _make_function(name: str):
         try:
             return _compiled(name, names, tuple(sorted(attrs.items())))(*(t for t in tensors if t is not None))
         except jax.errors.JaxRuntimeError as error:  # from the call itself on the CPU; a GPU's come later
-            raise _typed_error(error) from None
+            _raise_typed(error)
 
     # A C++ callable that runs calls on concrete JAX arrays itself (the same jitted call as
     # `route`'s, looked up without binding in Python: half the cost of such a call) and hands
